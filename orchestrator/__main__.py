@@ -1,0 +1,180 @@
+"""`python -m orchestrator`: the Hydra app. One job runs one arm; a multirun runs a study.
+
+The entry point only composes the config and calls `run_arm`, a plain function that tests call directly.
+An arm: validate and plan (pure) -> co-restart the PD deployment -> stress workload -> throughput
+sweep -> parse logs -> track everything in an MLflow child run -> teardown, always.
+
+A failed arm is data: it becomes a FAILED run with its reason and the sweep goes on. An interrupt
+(Ctrl-C, SIGTERM) tears everything down, keeps what was measured, marks the run KILLED and stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.config import CONF_DIR, validate
+from orchestrator.deploy import DeployError, Deployment
+from orchestrator.factors import ArmPlan, plan_arm
+from orchestrator.observe import parse_decode_log
+from orchestrator.redact import redact_env
+
+log = logging.getLogger("orchestrator")
+
+
+def arm_label(plan: ArmPlan, baseline: dict[str, str]) -> str:
+    """`baseline`, or the factor levels that differ from the study's baseline (`multi_stream=off`)."""
+    changed = [f"{k}={v}" for k, v in sorted(plan.factors.items()) if str(baseline.get(k, v)) != v]
+    return ",".join(changed) or "baseline"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt while an arm runs, so teardown in `finally` happens."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (some launchers): SIGTERM keeps its default
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def redacted_config_yaml(cfg: DictConfig) -> str:
+    """The resolved job config as YAML, with secret-looking env values replaced."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for role in data.get("deployment", {}).get("roles", {}).values():
+        role["env"] = redact_env(role.get("env") or {})
+    for factor in (data.get("factor") or {}).values():
+        for delta in (factor.get("roles") or {}).values():
+            if delta.get("env"):
+                delta["env"] = redact_env(delta["env"])
+    return OmegaConf.to_yaml(OmegaConf.create(data))
+
+
+def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    """Run one arm end to end. Returns a small summary (also what Hydra keeps as the job's return)."""
+    from orchestrator.remote import make_transport
+    from orchestrator.tracking import ArmTracker, finished_runs, parent_run_id
+
+    validate(cfg)
+    plan = plan_arm(cfg)
+    repetition = int(cfg.repetition)
+    label = arm_label(plan, dict(cfg.study.baseline))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.resume and (plan.signature, repetition) in finished_runs(str(cfg.tracking.uri), str(cfg.study.name)):
+        log.info("resume: %s repetition %d (signature %s) already FINISHED; skipped", label, repetition,
+                 plan.signature)
+        return {"status": "SKIPPED", "signature": plan.signature, "repetition": repetition, "arm": label}
+
+    log.info("arm %s, repetition %d, signature %s", label, repetition, plan.signature)
+    config_file = output_dir / "resolved_config.yaml"
+    config_file.write_text(redacted_config_yaml(cfg))
+    transports = {role: make_transport(cfg.cluster.hosts[role], role) for role in plan.roles}
+    deployment = Deployment(cfg, plan, transports, run_label=f"{cfg.study.name}-{plan.signature}-r{repetition}",
+                            on_event=lambda message: log.info(message))
+    status = "FINISHED"
+    with sigterm_as_interrupt(), ArmTracker.start(cfg, plan, repetition, parent_run_id(cfg)) as tracker:
+        tracker.log_artifact(config_file)
+        try:
+            _preflight(cfg, plan, transports, tracker)
+            deployment.co_restart()
+            tracker.log_startup(deployment.startup_s)
+            _workload(cfg, plan, output_dir, tracker)
+        except DeployError as e:
+            log.error("arm %s failed: %s", label, e)
+            tracker.fail(str(e).splitlines()[0], e.log_tail)
+            status = "FAILED"
+        finally:
+            problems = deployment.stop_all()
+            _collect_logs(deployment, output_dir, tracker)
+            for transport in transports.values():
+                transport.close()
+            if problems:
+                log.error("teardown problems: %s", problems)
+    return {"status": status, "signature": plan.signature, "repetition": repetition, "arm": label,
+            "run_id": tracker.run_id}
+
+
+def _preflight(cfg: DictConfig, plan: ArmPlan, transports: dict, tracker: Any) -> None:
+    """Provenance per host, and the hosts' own checks of the flags, before anything is restarted."""
+    from orchestrator.preflight import host_provenance
+
+    for role in ("prefill", "decode"):
+        host = cfg.cluster.hosts[role]
+        info = host_provenance(transports[role], host, plan.roles[role])
+        tracker.log_provenance(role, info)
+
+
+def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any) -> None:
+    from orchestrator.workload.bench import run_bench_sync
+    from orchestrator.workload.stress import run_stress_sync
+
+    stress_dir = output_dir / "stress"
+    w = cfg.workload
+    try:
+        run_stress_sync(
+            url=plan.router_url, sessions=int(w.sessions), rounds=int(w.rounds),
+            concurrency=int(w.concurrency or w.sessions), seed=int(w.seed) + int(cfg.repetition) * 7919,
+            model=str(cfg.deployment.served_model), timeout_s=float(w.timeout_s), out_dir=stress_dir,
+            check_plan=bool(w.check_plan),
+        )
+    finally:
+        # whatever completed is kept, also when the stress run was interrupted
+        from orchestrator.workload.stress import summarize_jsonl
+
+        partial = summarize_jsonl(stress_dir / "sessions.jsonl", planned=int(w.sessions))
+        tracker.log_stress(partial, stress_dir)
+    if cfg.bench.enabled:
+        b = cfg.bench
+        bench_dir = output_dir / "bench"
+        result = run_bench_sync(
+            url=plan.router_url, concurrency_levels=[int(c) for c in b.concurrency],
+            requests_per_worker=int(b.requests_per_worker), input_len=int(b.input_len),
+            output_len=int(b.output_len), model=str(cfg.deployment.served_model),
+            warmup_requests=int(b.warmup_requests), timeout_s=float(b.timeout_s), out_dir=bench_dir,
+        )
+        tracker.log_bench(result, bench_dir)
+
+
+def _collect_logs(deployment: Deployment, output_dir: Path, tracker: Any) -> None:
+    """Fetch every role's log of this arm into the job dir, attach them, parse the decode log."""
+    logs_dir = output_dir / "server_logs"
+    logs_dir.mkdir(exist_ok=True)
+    for role, transport in deployment.transports.items():
+        try:
+            text = transport.read_file(deployment.paths(role).log).decode(errors="replace")
+        except (FileNotFoundError, OSError) as e:
+            log.warning("no %s log to fetch: %s", role, e)
+            continue
+        from orchestrator.redact import redact_text
+
+        text = redact_text(text, deployment.plan.roles[role].env)
+        target = logs_dir / f"{role}.log"
+        target.write_text(text)
+        tracker.log_artifact(target, "server_logs")
+        if role == "decode":
+            tracker.log_facts(parse_decode_log(text))
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> dict[str, Any]:
+    return run_arm(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The PD deployment lifecycle: co-restart, health gates, warm-up, teardown.
+
+Never restart decode alone against a running prefill: in PD the bootstrap state goes stale. So every
+arm stops everything (router, decode, prefill — including servers an earlier crashed run left behind,
+found through pid files in each host's work dir, never by process name), then starts prefill, decode
+and the router in that order, each gated on its health endpoint, then sends one request end to end.
+
+Hosts are reached only through the Transport interface, so the same code drives the local embedded
+default and an SSH cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+
+from orchestrator.config import ROLES
+from orchestrator.factors import ArmPlan, RolePlan
+from orchestrator.redact import redact_text
+from orchestrator.remote.base import Transport
+
+log = logging.getLogger(__name__)
+
+START_ORDER = ("prefill", "decode", "router")
+STOP_ORDER = ("router", "decode", "prefill")
+LOG_TAIL_BYTES = 6000
+
+
+class DeployError(RuntimeError):
+    """A server did not come up (or would not go down). Carries the role and its log tail."""
+
+    def __init__(self, role: str, message: str, log_tail: str = ""):
+        self.role = role
+        self.log_tail = log_tail
+        text = f"{role}: {message}"
+        if log_tail:
+            text += f"\n--- last lines of the {role} log ---\n{log_tail.rstrip()}"
+        super().__init__(text)
+
+
+@dataclass
+class Paths:
+    """Where a role's pid file and log live on its host."""
+
+    pid: str
+    log: str
+
+
+def role_paths(work_dir: str, role: str, run_label: str) -> Paths:
+    # The pid file name is stable per role, so a later run finds what a crashed one left running.
+    return Paths(pid=f"{work_dir.rstrip('/')}/{role}.pid", log=f"{work_dir.rstrip('/')}/logs/{run_label}/{role}.log")
+
+
+@dataclass
+class Deployment:
+    """The hosts of one arm and what was started on them."""
+
+    cfg: DictConfig
+    plan: ArmPlan
+    transports: Mapping[str, Transport]
+    run_label: str
+    started: dict[str, int] = field(default_factory=dict)
+    startup_s: dict[str, float] = field(default_factory=dict)
+    on_event: Callable[[str], None] = lambda message: None
+
+    def paths(self, role: str) -> Paths:
+        return role_paths(str(self.cfg.cluster.hosts[role].work_dir), role, self.run_label)
+
+    # --- stopping ----------------------------------------------------------------------------------
+
+    def stop_role(self, role: str) -> None:
+        """Stop whatever this tool started for `role` on its host (this run's or an earlier one's)."""
+        transport = self.transports[role]
+        pid_file = self.paths(role).pid
+        try:
+            text = transport.read_file(pid_file).decode().strip()
+        except FileNotFoundError:
+            text = ""
+        pid = int(text) if text.isdigit() else self.started.get(role)
+        if pid and transport.group_alive(pid) and self._is_ours(role, pid):
+            self.on_event(f"stopping {role} (pgid {pid})")
+            killed = transport.stop_group(pid, grace_s=float(self.cfg.deployment.stop_grace_s))
+            if killed:
+                log.warning("%s did not stop within %ss of SIGTERM; killed", role, self.cfg.deployment.stop_grace_s)
+        transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
+        self.started.pop(role, None)
+
+    def _is_ours(self, role: str, pid: int) -> bool:
+        """Guard against a recycled pid: the process must still run this role's launch command."""
+        result = self.transports[role].run_shell(f"ps -o args= -p {int(pid)}", timeout=15.0)
+        args = result.stdout.strip()
+        if not args:
+            return True  # the leader exited but its group lives on: still ours
+        launch = self.cfg.deployment.roles[role]
+        marker = str(launch.module) if launch.module else str(list(launch.command)[0])
+        ours = marker in args
+        if not ours:
+            log.warning("pid file of %s names pid %s, which now runs %r: not ours, left alone", role, pid, args)
+        return ours
+
+    def stop_all(self) -> list[str]:
+        """Stop every role, router first. Returns the problems met (never raises: used in finally)."""
+        problems = []
+        for role in STOP_ORDER:
+            try:
+                self.stop_role(role)
+            except Exception as e:  # noqa: BLE001 - teardown must reach every host whatever one did
+                problems.append(f"{role}: {e}")
+                log.error("could not stop %s: %s", role, e)
+        return problems
+
+    # --- starting ----------------------------------------------------------------------------------
+
+    def check_ports_free(self) -> None:
+        for role in ROLES:
+            host = self.cfg.cluster.hosts[role]
+            ports = [int(host.port)] + ([int(host.bootstrap_port)] if role == "prefill" else [])
+            for port in ports:
+                if self.transports[role].port_listening(port):
+                    raise DeployError(role, f"port {port} on {host.address} is still in use by a process this "
+                                            f"tool did not start (its pid file does not name it); free it or "
+                                            f"change cluster.hosts.{role}")
+
+    def start_role(self, role: str) -> None:
+        plan: RolePlan = self.plan.roles[role]
+        transport = self.transports[role]
+        paths = self.paths(role)
+        launch = self.cfg.deployment.roles[role]
+        self.on_event(f"starting {role}")
+        t0 = time.monotonic()
+        pid = transport.start_detached(plan.argv, plan.env, paths.log, paths.pid)
+        self.started[role] = pid
+        self.wait_healthy(role, pid, plan.health_url or "", float(launch.startup_timeout_s))
+        self.startup_s[role] = time.monotonic() - t0
+        self.on_event(f"{role} healthy after {self.startup_s[role]:.1f}s")
+
+    def wait_healthy(self, role: str, pid: int, url: str, timeout_s: float, poll_s: float = 0.25) -> None:
+        transport = self.transports[role]
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            status, body = http_get(url, timeout=5.0)
+            if status == 200:
+                return
+            last = f"HTTP {status}: {body[:200]}" if status else body
+            if not transport.group_alive(pid):
+                raise DeployError(role, f"exited before becoming healthy ({url}: {last})", self.log_tail(role))
+            time.sleep(poll_s)
+        raise DeployError(role, f"not healthy within {timeout_s:.0f}s ({url}: {last})", self.log_tail(role))
+
+    def log_tail(self, role: str) -> str:
+        text = self.transports[role].read_text_tail(self.paths(role).log, LOG_TAIL_BYTES)
+        return redact_text(text, self.plan.roles[role].env)
+
+    def warm_up(self) -> None:
+        """One chat request end to end through the router."""
+        payload = {
+            "model": str(self.cfg.deployment.served_model),
+            "messages": [{"role": "user", "content": "warm-up: reply with one word"}],
+            "max_tokens": 8,
+        }
+        status, body = http_post_json(f"{self.plan.router_url}/v1/chat/completions", payload, timeout=60.0)
+        if status != 200:
+            tails = "\n".join(f"[{r}] {self.log_tail(r)[-1500:]}" for r in ("decode", "router"))
+            raise DeployError("router", f"warm-up request failed: HTTP {status}: {body[:300]}", tails)
+
+    def co_restart(self) -> None:
+        """Stop all roles, then start prefill, decode, router, each health-gated; then warm up."""
+        self.stop_all()
+        self.check_ports_free()
+        for role in START_ORDER:
+            self.start_role(role)
+        if self.cfg.deployment.warmup:
+            self.warm_up()
+
+
+# --- tiny HTTP helpers for gating (the workload has its own async client) -------------------------------
+
+
+def http_get(url: str, timeout: float) -> tuple[int, str]:
+    """(status, body); status 0 and the error text when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read(2048).decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(2048).decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(getattr(e, "reason", e))
+
+
+def http_post_json(url: str, payload: dict, timeout: float) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(4096).decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(getattr(e, "reason", e))

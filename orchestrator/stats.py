@@ -1,0 +1,213 @@
+"""Exact statistics for corruption counts and throughput ratios (pure: numbers in, numbers out).
+
+Methods, and why each one:
+- **Rate of an arm**: k corrupted of n sessions with an outcome (errored sessions are not trials: they
+  carry no evidence either way). Interval: Clopper-Pearson (exact, never below nominal coverage), so a
+  clean arm's upper bound is the largest rate still compatible with seeing no corruption
+  (0/180 -> 2.0% at 95%).
+- **Baseline vs treatment**: Fisher's exact test on the 2x2 table, two-sided (scipy's definition:
+  tables as or less likely than the observed one); Boschloo's unconditional test as an option (more
+  power, slower). Holm's step-down adjustment across the study's hypotheses controls the family-wise
+  error at alpha under any dependence (arms share the baseline).
+- **Interval of the difference** (treatment rate minus baseline rate): Newcombe's hybrid score
+  interval (method 10, Wilson intervals without continuity correction). It has close to nominal
+  coverage for small counts and zero cells, where the Wald interval collapses.
+- **Sessions needed** to decide an undecided comparison: per arm, for a two-sided test at level alpha
+  with the given power, when the baseline rate is the observed one and the treatment differs by the
+  study's minimum effect (a reduction when the baseline rate allows one, else an increase). Formula:
+  Fleiss, Tytun & Ury (1980), the normal approximation with continuity correction, which tracks
+  the power of Fisher's exact test closely. At that size, if the true difference is zero, the interval
+  of the difference is narrower than the minimum effect, so the comparison is decided either way.
+- **Throughput ratio**: see `bootstrap_ratio_requests` / `bootstrap_ratio_runs`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
+TESTS = ("fisher", "boschloo")
+
+
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact two-sided interval for a binomial proportion; (0, 1) when n == 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= k <= n:
+        raise ValueError(f"k={k} must be within 0..n={n}")
+    tail = (1 - confidence) / 2
+    lo = 0.0 if k == 0 else float(sps.beta.ppf(tail, k, n - k + 1))
+    hi = 1.0 if k == n else float(sps.beta.ppf(1 - tail, k + 1, n - k))
+    return lo, hi
+
+
+def upper_bound(k: int, n: int, confidence: float = CONFIDENCE) -> float:
+    """The largest rate still compatible with k of n: the Clopper-Pearson upper limit."""
+    return clopper_pearson(k, n, confidence)[1]
+
+
+def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval for a proportion; (0, 1) when n == 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_diff(k1: int, n1: int, k2: int, n2: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Newcombe's hybrid score interval for p1 - p2 (method 10); (-1, 1) when either n is 0."""
+    if n1 <= 0 or n2 <= 0:
+        return -1.0, 1.0
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = wilson(k1, n1, confidence)
+    l2, u2 = wilson(k2, n2, confidence)
+    d = p1 - p2
+    lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
+    hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return max(-1.0, lo), min(1.0, hi)
+
+
+def compare(k_base: int, n_base: int, k_treat: int, n_treat: int, test: str = "fisher") -> float:
+    """Two-sided p-value for "baseline and treatment have the same corruption rate"; 1.0 without data."""
+    if test not in TESTS:
+        raise ValueError(f"test={test!r} is not one of {list(TESTS)}")
+    if n_base <= 0 or n_treat <= 0:
+        return 1.0
+    table = [[k_base, n_base - k_base], [k_treat, n_treat - k_treat]]
+    if test == "fisher":
+        p = float(sps.fisher_exact(table, alternative="two-sided").pvalue)
+    else:
+        p = float(sps.boschloo_exact(table, alternative="two-sided").pvalue)
+    # a table with an all-zero column carries no evidence; scipy gives 1.0 or NaN depending on the test
+    return 1.0 if math.isnan(p) else min(1.0, p)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the input order (monotone, capped at 1)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (pvalues[i], i))
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def target_rate(p_base: float, min_effect: float) -> float:
+    """The treatment rate a power calculation aims at: a reduction by min_effect when possible."""
+    return p_base - min_effect if p_base - min_effect >= 0 else min(1.0, p_base + min_effect)
+
+
+def sessions_needed(p_base: float, min_effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Sessions per arm for a two-sided test to detect `min_effect` at baseline rate `p_base`.
+
+    Fleiss-Tytun-Ury continuity-corrected sample size for two independent proportions (see module doc)."""
+    if not 0 < min_effect < 1:
+        raise ValueError(f"min_effect={min_effect} must be within (0, 1)")
+    p1 = min(max(p_base, 0.0), 1.0)
+    p2 = target_rate(p1, min_effect)
+    delta = abs(p1 - p2)
+    pbar = (p1 + p2) / 2
+    z_a = float(sps.norm.ppf(1 - alpha / 2))
+    z_b = float(sps.norm.ppf(power))
+    n0 = (z_a * math.sqrt(2 * pbar * (1 - pbar)) + z_b * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))) ** 2
+    n0 /= delta**2
+    n = n0 / 4 * (1 + math.sqrt(1 + 4 / (n0 * delta))) ** 2
+    return math.ceil(n - 1e-9)
+
+
+def sessions_for_ceiling(ceiling: float, confidence: float = CONFIDENCE) -> int:
+    """Sessions an arm needs, with no corruption seen, for its upper bound to fall under `ceiling`."""
+    # CP upper bound at k=0 is 1 - (tail)^(1/n); solve 1 - tail^(1/n) < ceiling for n
+    tail = (1 - confidence) / 2
+    return math.floor(math.log(tail) / math.log(1 - ceiling)) + 1
+
+
+# --- throughput ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ratio:
+    point: float
+    low: float
+    high: float
+    method: str  # "requests" or "runs"
+
+
+def _percentile_interval(samples: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1 - confidence) / 2 * 100
+    finite = samples[np.isfinite(samples)]
+    if finite.size == 0:
+        return math.nan, math.nan
+    return float(np.percentile(finite, tail)), float(np.percentile(finite, 100 - tail))
+
+
+def _resampled_rate(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_boot: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Per replicate: resample runs, then requests within each drawn run; sum tokens / sum latency."""
+    n_runs = len(runs)
+    tokens = np.zeros(n_boot)
+    latency = np.zeros(n_boot)
+    choice = rng.integers(0, n_runs, size=(n_boot, n_runs))
+    for slot in range(n_runs):
+        for r, (tok, lat) in enumerate(runs):
+            rows = np.nonzero(choice[:, slot] == r)[0]
+            if rows.size == 0:
+                continue
+            idx = rng.integers(0, tok.size, size=(rows.size, tok.size))
+            tokens[rows] += tok[idx].sum(axis=1)
+            latency[rows] += lat[idx].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return tokens / latency
+
+
+def bootstrap_ratio_requests(treat: Sequence[tuple[Sequence[float], Sequence[float]]],
+                             base: Sequence[tuple[Sequence[float], Sequence[float]]],
+                             n_boot: int = 2000, seed: int = 0, confidence: float = CONFIDENCE) -> Ratio:
+    """Throughput ratio treatment/baseline at one concurrency level, from per-request samples.
+
+    Each run is (output tokens per request, latency per request). An arm's statistic is its per-stream
+    token rate, sum(tokens) / sum(latency), pooled over its runs; in a closed loop with C requests in
+    flight, tok/s = C x that rate, so at the same C the ratio of rates is the ratio of tok/s. The
+    interval is a two-stage (runs, then requests within a run) percentile bootstrap, so it holds both
+    run-to-run and request-to-request variation; a fixed seed makes it reproducible."""
+    t = [(np.asarray(a, float), np.asarray(b, float)) for a, b in treat if len(a)]
+    b = [(np.asarray(x, float), np.asarray(y, float)) for x, y in base if len(x)]
+    if not t or not b:
+        return Ratio(math.nan, math.nan, math.nan, "requests")
+
+    def rate(runs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+        return float(sum(x.sum() for x, _ in runs) / sum(y.sum() for _, y in runs))
+
+    point = rate(t) / rate(b)
+    rng = np.random.default_rng(seed)
+    samples = _resampled_rate(t, n_boot, rng) / _resampled_rate(b, n_boot, rng)
+    lo, hi = _percentile_interval(samples, confidence)
+    return Ratio(point, lo, hi, "requests")
+
+
+def bootstrap_ratio_runs(treat: Sequence[float], base: Sequence[float], n_boot: int = 2000, seed: int = 0,
+                         confidence: float = CONFIDENCE) -> Ratio:
+    """Throughput ratio of mean tok/s per run, with a percentile bootstrap over runs (the fallback when
+    per-request samples are missing; with few runs the interval is coarse, and with one run it is a point)."""
+    t = np.asarray([x for x in treat if math.isfinite(x)], float)
+    b = np.asarray([x for x in base if math.isfinite(x)], float)
+    if t.size == 0 or b.size == 0 or b.mean() == 0:
+        return Ratio(math.nan, math.nan, math.nan, "runs")
+    point = float(t.mean() / b.mean())
+    rng = np.random.default_rng(seed)
+    ts = t[rng.integers(0, t.size, size=(n_boot, t.size))].mean(axis=1)
+    bs = b[rng.integers(0, b.size, size=(n_boot, b.size))].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _percentile_interval(ts / bs, confidence)
+    return Ratio(point, lo, hi, "runs")

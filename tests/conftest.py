@@ -1,0 +1,41 @@
+"""Shared fixtures: free loopback ports, Hydra compose of the shipped config with test-local paths."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from orchestrator.config import CONF_DIR
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_cluster_overrides(tmp_path: Path) -> list[str]:
+    """Free ports and work dirs under tmp_path for every role of the local cluster."""
+    overrides = []
+    for role in ("prefill", "decode", "router"):
+        overrides += [f"cluster.hosts.{role}.port={free_port()}", f"cluster.hosts.{role}.work_dir={tmp_path}/{role}"]
+    overrides.append(f"cluster.hosts.prefill.bootstrap_port={free_port()}")
+    return overrides
+
+
+@pytest.fixture
+def compose_cfg(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
+    """compose_cfg(*overrides) -> the job config as a job of the app would see it (hydra node included)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+
+        def _compose(*overrides: str, isolated: bool = True) -> DictConfig:
+            extra = local_cluster_overrides(tmp_path) if isolated else []
+            return compose("config", return_hydra_config=True, overrides=[*extra, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                                                f"report.dir={tmp_path}/reports", *overrides])
+
+        yield _compose
