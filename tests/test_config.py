@@ -78,9 +78,9 @@ def _problems(compose_cfg, *overrides) -> str:
 @pytest.mark.parametrize("overrides,expected", [
     (["+deployment.roles.decode.env.bad-name=1"], ["deployment.roles.decode.env", "'bad-name'", "[A-Z_][A-Z0-9_]*"]),
     (["+deployment.roles.decode.env.lower=1"], ["'lower'", "[A-Z_][A-Z0-9_]*"]),
-    (["deployment.roles.prefill.flags={disable-x: null}"], ["deployment.roles.prefill.flags", "'disable-x'",
+    (["++deployment.roles.prefill.flags={disable-x: null}"], ["deployment.roles.prefill.flags", "'disable-x'",
                                                            "must start with '--'"]),
-    (["deployment.roles.prefill.flags={--log-level: 'info;reboot'}"], ["--log-level", "shell metacharacter"]),
+    (["++deployment.roles.prefill.flags={--log-level: 'info;reboot'}"], ["--log-level", "shell metacharacter"]),
     (["study.hypotheses.0.factor=warp_drive"], ["study.hypotheses[0]", "unknown factor 'warp_drive'",
                                                 "'multi_stream'"]),
     (["study.hypotheses.0.treatment=maybe"], ["treatment", "unknown level 'maybe'", "['off', 'on']"]),
@@ -100,5 +100,5 @@ def test_yaml_booleans_for_on_off_levels_get_a_quoting_hint(compose_cfg):
 
 
 def test_a_factor_flag_may_not_collide_with_cluster_topology(compose_cfg):
-    message = _problems(compose_cfg, "deployment.roles.decode.flags={--port: 1234}")
+    message = _problems(compose_cfg, "++deployment.roles.decode.flags={--port: 1234}")
     assert "--port" in message and "cluster.hosts" in message

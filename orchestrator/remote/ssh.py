@@ -28,12 +28,12 @@ import base64
 import contextlib
 import errno
 import getpass
+import hashlib
 import io
 import logging
 import os
 import select
 import shlex
-import socket
 import threading
 import time
 import uuid
@@ -97,7 +97,8 @@ class SSHOptions:
     def __post_init__(self) -> None:
         if self.host_key_policy not in HOST_KEY_POLICIES:
             raise SSHConfigError(
-                f"ssh.host_key_policy {self.host_key_policy!r} for {self.address}: use one of {HOST_KEY_POLICIES}"
+                f"ssh.host_key_policy {self.host_key_policy!r} for {self.address}: "
+                f"use one of {HOST_KEY_POLICIES}"
             )
         if self.connect_timeout_s <= 0:
             raise SSHConfigError(f"ssh.connect_timeout_s must be > 0, got {self.connect_timeout_s}")
@@ -109,10 +110,7 @@ def _field(obj: Any, key: str, default: Any = None) -> Any:
     """`obj.key` for a Mapping (dict, omegaconf DictConfig) or an object with attributes."""
     if obj is None:
         return default
-    if isinstance(obj, Mapping):
-        value = obj.get(key, default)
-    else:
-        value = getattr(obj, key, default)
+    value = obj.get(key, default) if isinstance(obj, Mapping) else getattr(obj, key, default)
     return default if value is None else value
 
 
@@ -195,8 +193,14 @@ def _split_user_host_port(spec: str) -> tuple[str | None, str, int | None]:
     return (user or None), host, port
 
 
-def _endpoint(alias: str, config: paramiko.SSHConfig, user: str | None, port: int | None,
-              key_file: str | None, fallback_keys: tuple[str, ...] = ()) -> Endpoint:
+def _endpoint(
+    alias: str,
+    config: paramiko.SSHConfig,
+    user: str | None,
+    port: int | None,
+    key_file: str | None,
+    fallback_keys: tuple[str, ...] = (),
+) -> Endpoint:
     entry = config.lookup(alias)
     if key_file:
         keys: tuple[str, ...] = (os.path.expanduser(key_file),)
@@ -213,8 +217,9 @@ def _endpoint(alias: str, config: paramiko.SSHConfig, user: str | None, port: in
     )
 
 
-def _jump_chain(spec: str | None, config: paramiko.SSHConfig, fallback_keys: tuple[str, ...],
-                depth: int = 0) -> tuple[Endpoint, ...]:
+def _jump_chain(
+    spec: str | None, config: paramiko.SSHConfig, fallback_keys: tuple[str, ...], depth: int = 0
+) -> tuple[Endpoint, ...]:
     """The hops of a ProxyJump value, each jump host resolved through the SSH config and, like
     `ssh -J`, reached through its own ProxyJump when it has one."""
     if not spec or spec.strip().lower() == "none":
@@ -250,7 +255,7 @@ def resolve_route(options: SSHOptions, config: paramiko.SSHConfig) -> Route:
 
 def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH-style SHA256 fingerprint."""
-    digest = base64.b64encode(paramiko.util.hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
     return f"SHA256:{digest}"
 
 
@@ -273,8 +278,13 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         self.known_hosts = known_hosts
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        log.warning("accept-new: trusting %s, first seen, %s %s; appended to %s",
-                    hostname, key.get_name(), fingerprint(key), self.known_hosts)
+        log.warning(
+            "accept-new: trusting %s, first seen, %s %s; appended to %s",
+            hostname,
+            key.get_name(),
+            fingerprint(key),
+            self.known_hosts,
+        )
         client.get_host_keys().add(hostname, key.get_name(), key)
         path = Path(self.known_hosts)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -340,14 +350,14 @@ class SSHTransport(Transport):
                 self._conn.close()
             self._check_key_files()
             conn = _Connection()
+            hops = (*self.route.jumps, self.route.target)
             try:
                 sock = None
-                for hop in (*self.route.jumps, self.route.target):
-                    client = self._login(hop, sock)
+                for i, hop in enumerate(hops):
+                    via = hops[i - 1] if i else None
+                    client = self._login(hop, sock, via)
                     conn.clients.append(client)
-                    sock = None
-                    if hop is not self.route.target:
-                        sock = self._tunnel(client, hop)
+                    sock = self._tunnel(client, hop, hops[i + 1]) if i + 1 < len(hops) else None
             except BaseException:
                 conn.close()
                 raise
@@ -363,13 +373,13 @@ class SSHTransport(Transport):
                 if Path(key).is_file() and not os.access(key, os.R_OK):
                     raise SSHConfigError(f"key file {key!r} for {hop.label} is not readable")
 
-    def _tunnel(self, jump: paramiko.SSHClient, via: Endpoint) -> paramiko.Channel:
+    def _tunnel(self, jump: paramiko.SSHClient, via: Endpoint, nxt: Endpoint) -> paramiko.Channel:
         """A direct-tcpip channel from the jump host to the next hop (what `ssh -J` does)."""
-        hops = (*self.route.jumps, self.route.target)
-        nxt = hops[hops.index(via) + 1]
         try:
             return jump.get_transport().open_channel(  # type: ignore[union-attr]
-                "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0),
+                "direct-tcpip",
+                (nxt.hostname, nxt.port),
+                ("127.0.0.1", 0),
                 timeout=self.options.connect_timeout_s,
             )
         except (paramiko.SSHException, OSError) as e:
@@ -377,7 +387,9 @@ class SSHTransport(Transport):
                 f"{self.host}: jump host {via.label} could not reach {nxt.hostname}:{nxt.port}: {e}"
             ) from e
 
-    def _login(self, hop: Endpoint, sock: paramiko.Channel | None) -> paramiko.SSHClient:
+    def _login(
+        self, hop: Endpoint, sock: paramiko.Channel | None, via: Endpoint | None
+    ) -> paramiko.SSHClient:
         opts = self.options
         client = paramiko.SSHClient()
         known = self.route.known_hosts
@@ -386,14 +398,21 @@ class SSHTransport(Transport):
         policy = _AcceptNew(known) if opts.host_key_policy == "accept-new" else _RejectUnknown(known)
         client.set_missing_host_key_policy(policy)
         keys = [k for k in hop.key_files if Path(k).is_file()]
-        where = f"{self.host} ({hop.label}{' via ' + self.route.jumps[-1].label if sock else ''})"
+        where = f"{self.host} ({hop.label}{' via ' + via.label if via else ''})"
         try:
             client.connect(
-                hop.hostname, port=hop.port, username=hop.user, key_filename=keys or None,
+                hop.hostname,
+                port=hop.port,
+                username=hop.user,
+                key_filename=keys or None,
                 # keys named in the config are the only ones tried; else ~/.ssh/id_* as ssh does
-                look_for_keys=not keys, allow_agent=not hop.identities_only, sock=sock,
-                timeout=opts.connect_timeout_s, banner_timeout=opts.connect_timeout_s,
-                auth_timeout=opts.connect_timeout_s, channel_timeout=opts.connect_timeout_s,
+                look_for_keys=not keys,
+                allow_agent=not hop.identities_only,
+                sock=sock,
+                timeout=opts.connect_timeout_s,
+                banner_timeout=opts.connect_timeout_s,
+                auth_timeout=opts.connect_timeout_s,
+                channel_timeout=opts.connect_timeout_s,
             )
         except SSHError:
             client.close()
@@ -412,12 +431,14 @@ class SSHTransport(Transport):
         except paramiko.AuthenticationException as e:
             client.close()
             offered = ", ".join(keys) if keys else "ssh-agent and ~/.ssh/id_*"
-            raise AuthenticationFailed(f"{where}: authentication failed for user {hop.user!r} "
-                                       f"with {offered}: {e}") from e
-        except (TimeoutError, socket.timeout) as e:
+            raise AuthenticationFailed(
+                f"{where}: authentication failed for user {hop.user!r} with {offered}: {e}"
+            ) from e
+        except TimeoutError as e:
             client.close()
             raise HostUnreachable(
-                f"{where}: no answer within ssh.connect_timeout_s={opts.connect_timeout_s}s") from e
+                f"{where}: no answer within ssh.connect_timeout_s={opts.connect_timeout_s}s"
+            ) from e
         except OSError as e:
             client.close()
             raise HostUnreachable(f"{where}: cannot connect: {e}") from e
@@ -479,6 +500,7 @@ class SSHTransport(Transport):
             return left
 
         while True:
+            left = remaining()  # checked every round: a command that never stops talking still times out
             drained = False
             while chan.recv_ready():
                 out += chan.recv(65536)
@@ -486,13 +508,10 @@ class SSHTransport(Transport):
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
                 drained = True
-            if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            if chan.closed:
+            if chan.closed or (chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()):
                 break
             if not drained:
-                left = remaining()
-                # the channel's fileno becomes readable on stdout or stderr data, or EOF
+                # the channel's fileno becomes readable on stdout or stderr data, or on EOF
                 select.select([chan], [], [], min(left, 1.0) if left is not None else 1.0)
         left = remaining()
         if not chan.status_event.wait(left):
@@ -506,8 +525,9 @@ class SSHTransport(Transport):
                 try:
                     self._conn.sftp = self._conn.clients[-1].open_sftp()
                 except paramiko.SSHException as e:
-                    raise TransportError(f"{self.host}: SFTP is not available ({e}); enable the sftp "
-                                         f"subsystem in sshd_config") from e
+                    raise TransportError(
+                        f"{self.host}: SFTP is not available ({e}); enable the sftp subsystem in sshd_config"
+                    ) from e
             return self._conn.sftp
 
     def read_file(self, path: str) -> bytes:

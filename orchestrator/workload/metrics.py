@@ -77,7 +77,7 @@ class AuditThresholds:
     min_concurrency_ratio: float = 0.95
     max_cpu_fraction: float = 0.75
     max_loop_lag_s: float = 0.010
-    max_lag_itl_fraction: float = 0.25
+    max_lag_itl_fraction: float = 0.5
 
 
 def percentiles(values: Sequence[float]) -> Percentiles:
