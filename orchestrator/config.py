@@ -314,12 +314,17 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(problems)
 
 
+def _yaml_bool(value: Any) -> bool:
+    """YAML 1.1 reads unquoted on/off/yes/no as booleans; typed str fields then hold 'True'/'False'."""
+    return isinstance(value, bool) or value in ("True", "False")
+
+
 def validate_study(study: DictConfig, selected: Mapping[str, str], known: Mapping[str, list[str]]) -> list[str]:
     """Problems with the study's baseline and hypotheses against the factors that exist."""
     problems = []
     factors_accepted = sorted(known)
     for factor, level in _as_dict(study.baseline).items():
-        if isinstance(level, bool):
+        if _yaml_bool(level):
             problems.append(f"study.baseline.{factor}: YAML read {level!r} as a boolean; quote the level "
                             f"(e.g. \"on\"); accepted: {known.get(factor, [])}")
         elif factor not in known:
@@ -337,7 +342,7 @@ def validate_study(study: DictConfig, selected: Mapping[str, str], known: Mappin
             continue
         for key in ("baseline", "treatment"):
             level = str(hyp[key])
-            if isinstance(hyp[key], bool):
+            if _yaml_bool(hyp[key]):
                 problems.append(f"{where}.{key}: YAML read {hyp[key]!r} as a boolean; quote the level "
                                 f"(e.g. \"off\"); accepted: {known[hyp.factor]}")
             elif level not in known[hyp.factor]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import jsonschema
+import numpy as np
 
 from orchestrator.workload.client import StreamedToolCall, StreamedTurn
 from orchestrator.workload.tasks import TOOL_SCHEMAS, ToolCall
@@ -57,7 +57,7 @@ _LEAKED_CALL = re.compile(
 # like "-----" or indentation are not repetition).
 MIN_REPEATS = 10
 MIN_SPAN = 80
-_REPEAT = re.compile(r"(.{1,200}?)\1{%d,}" % (MIN_REPEATS - 1), re.DOTALL)
+MAX_UNIT = 200
 _ALNUM = re.compile(r"[^\W_]")
 
 
@@ -129,40 +129,36 @@ def control_chars(turn: StreamedTurn) -> str | None:
 def degenerate_repetition(turn: StreamedTurn) -> str | None:
     """A short unit repeated back to back many times (a decoding loop)."""
     for where, text in _texts(turn):
-        if len(text) < MIN_SPAN:
-            continue
-        for lo, hi in _repeat_windows(text):
-            for found in _REPEAT.finditer(text, lo, hi):
-                unit = found.group(1)
-                span = found.end() - found.start()
-                if span >= MIN_SPAN and _ALNUM.search(unit):
-                    return f"{where}: {unit[:40]!r} repeated {span // len(unit)} times"
+        found = periodic_run(text)
+        if found is not None:
+            start, period, span = found
+            return f"{where}: {text[start : start + period][:40]!r} repeated {span // period} times"
     return None
 
 
-_K = 16  # k-gram length of the prefilter
-_MAX_UNIT = 200
+def periodic_run(text: str) -> tuple[int, int, int] | None:
+    """(start, unit length, span) of the first run of >= MIN_REPEATS back-to-back copies of a unit of
+    at most MAX_UNIT characters holding a letter or digit, spanning >= MIN_SPAN; None if there is none.
 
-
-def _repeat_windows(text: str) -> Iterator[tuple[int, int]]:
-    """Windows of `text` where `_REPEAT` may match; running the regex only there keeps the detector
-    cheap on long healthy text. Exact: a run of >= 10 units of length p <= 200 spanning >= 80
-    characters starts with a k-gram that recurs at least 9 times, at every p characters."""
-    positions: dict[str, list[int]] = defaultdict(list)
-    for i in range(len(text) - _K + 1):
-        positions[text[i : i + _K]].append(i)
-    for found in positions.values():
-        if len(found) < MIN_REPEATS - 1:
+    For each unit length p, text[i] == text[i + p] over p * (MIN_REPEATS - 1) consecutive positions is
+    exactly such a run; numpy compares the text with itself shifted by p, so the cost is O(n * p_max)
+    in vectorised steps, whatever the text.
+    """
+    n = len(text)
+    if n < MIN_SPAN:
+        return None
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    for p in range(1, min(MAX_UNIT, n // MIN_REPEATS) + 1):
+        need = max(p * (MIN_REPEATS - 1), MIN_SPAN - p)  # matching positions; the span is need + p
+        same = codes[p:] == codes[:-p]
+        if int(same.sum()) < need:
             continue
-        present = set(found)
-        for a, q in enumerate(found):
-            for later in found[a + 1 :]:
-                d = later - q
-                if d > _MAX_UNIT:
-                    break
-                if all(q + m * d in present for m in range(2, MIN_REPEATS - 1)):
-                    yield q, min(len(text), q + max(MIN_REPEATS * d, MIN_SPAN) + _K)
-                    break
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], same.view(np.int8), [0]))))
+        starts, ends = edges[::2], edges[1::2]
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            if end - start >= need and _ALNUM.search(text[start : start + p]):
+                return start, p, end - start + p
+    return None
 
 
 def leaked_tool_call(turn: StreamedTurn) -> str | None:
