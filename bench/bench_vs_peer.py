@@ -25,7 +25,7 @@ reached here, so a word-level tokenizer over faker's English word list (the word
 synthetic text is made of) is built locally with `tokenizers` and saved as a Hugging Face tokenizer
 directory, loaded with HF_HUB_OFFLINE=1.
 
-    python bench/bench_vs_peer.py                      # sim at full speed, C=32, 200 vs 600 requests
+    python bench/bench_vs_peer.py                      # sim at full speed, C=32, 100 then 1000 requests
     python bench/bench_vs_peer.py --concurrency 8 --requests 100,300 --output-len 256
     python bench/bench_vs_peer.py --url http://127.0.0.1:8000 --model my-model   # an existing endpoint
 """
@@ -92,15 +92,47 @@ def pinned(argv: list[str], core: int | None) -> list[str]:
     return ["taskset", "-c", str(core), *argv]
 
 
-def run_measured(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[float, float, int]:
-    """Run argv to completion; (wall seconds, CPU seconds of it and its reaped children, exit code)."""
+# Runs argv as a child subreaper (PR_SET_CHILD_SUBREAPER), so worker processes that outlive their
+# parent are reparented here and reaped too; then RUSAGE_CHILDREN holds the CPU of the whole tree.
+REAPER_SCRIPT = r"""
+import ctypes, json, os, resource, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+report, argv = sys.argv[1], sys.argv[2:]
+main = os.posix_spawnp(argv[0], argv, os.environ)
+rc, lingering, deadline = None, 0, None
+while True:
+    try:
+        pid, status = os.waitpid(-1, os.WNOHANG if deadline else 0)
+    except ChildProcessError:
+        break
+    if pid == main:
+        rc, deadline = os.waitstatus_to_exitcode(status), time.monotonic() + 30
+    elif pid == 0:
+        if time.monotonic() > deadline:
+            lingering = 1
+            break
+        time.sleep(0.05)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(report, "w") as f:
+    json.dump({"cpu_s": usage.ru_utime + usage.ru_stime, "rc": rc, "lingering": lingering}, f)
+sys.exit(rc if rc is not None else 1)
+"""
+
+
+def run_measured(argv: list[str], env: dict[str, str], log_path: Path, core: int | None) -> tuple[float, float]:
+    """Run argv to completion on `core`; (wall seconds, CPU seconds of its whole process tree)."""
+    report = log_path.with_suffix(".rusage.json")
+    wrapped = pinned([sys.executable, "-c", REAPER_SCRIPT, str(report), *argv], core)
     with log_path.open("wb") as log:
         started = time.monotonic()
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
+        done = subprocess.run(wrapped, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wall = time.monotonic() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_utime + usage.ru_stime, proc.returncode
+    if done.returncode != 0:
+        raise RuntimeError(f"`{shlex.join(argv)}` exited {done.returncode}; see {log_path}")
+    usage = json.loads(report.read_text())
+    if usage["lingering"]:
+        raise RuntimeError(f"`{shlex.join(argv)}` left processes running 30 s after it exited")
+    return wall, usage["cpu_s"]
 
 
 def ensure_peer(venv: Path) -> Path:
@@ -148,9 +180,7 @@ def run_ours(args: argparse.Namespace, url: str, n: int, work: Path) -> Run:
         "--requests", str(n), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
         "--model", args.model, "--warmup", "0", "--timeout", "300", "--out", str(out),
     ]
-    wall, cpu, rc = run_measured(pinned(argv, args.client_core), dict(os.environ), work / f"ours-{n}.log")
-    if rc != 0:
-        raise RuntimeError(f"our bench exited {rc}; see {work / f'ours-{n}.log'}")
+    wall, cpu = run_measured(argv, dict(os.environ), work / f"ours-{n}.log", args.client_core)
     level = json.loads((out / "bench.json").read_text())["levels"][0]
     return Run("heisenhunt", n, level["requests"], level["errors"], level["output_tokens"], level["duration_s"],
                wall, cpu)
@@ -174,9 +204,7 @@ def run_peer(args: argparse.Namespace, python: Path, tokenizer: Path, url: str, 
     guidellm = python.parent / "guidellm"
     argv = [str(guidellm), "run", "--scenario", str(scenario_path), "--disable-console"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    wall, cpu, rc = run_measured(pinned(argv, args.client_core), env, work / f"peer-{n}.log")
-    if rc != 0:
-        raise RuntimeError(f"guidellm exited {rc}; see {work / f'peer-{n}.log'}")
+    wall, cpu = run_measured(argv, env, work / f"peer-{n}.log", args.client_core)
     bench = json.loads(out.read_text())["benchmarks"][0]
     metrics = bench["metrics"]
     return Run("guidellm", n, int(metrics["request_totals"]["successful"]), int(metrics["request_totals"]["errored"]),
@@ -211,7 +239,7 @@ def main() -> int:
     parser.add_argument("--url", default=None, help="an existing endpoint; default: start the sim here")
     parser.add_argument("--model", default="sim-model")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--requests", default="200,600", help="N_small,N_large per tool")
+    parser.add_argument("--requests", default="100,1000", help="N_small,N_large per tool")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--time-scale", default="0", help="HEISENHUNT_SIM_TIME_SCALE for the sim (0: no waits)")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore

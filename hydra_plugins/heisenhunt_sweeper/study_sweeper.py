@@ -116,7 +116,7 @@ class StudySweeper(BasicSweeper):
         return {str(k): str(v) for k, v in (OmegaConf.to_container(baseline) if isinstance(baseline, DictConfig)
                                              else baseline).items()}
 
-    def sweep(self, arguments: list[str]):  # noqa: D102 - see BasicSweeper.sweep
+    def sweep(self, arguments: list[str]):
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         cli = parser.parse_overrides(arguments)

@@ -61,14 +61,16 @@ def detached_command(argv: Sequence[str], env: Mapping[str, str], log_path: str,
     quoted = shlex.join(argv)
     assignments = " ".join(env_assignments(env))
     launch = f"env {assignments} {quoted}" if assignments else quoted
-    cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
+    cd = f"cd {shlex.quote(cwd)} || exit 1; " if cwd else ""
     log, pid = shlex.quote(log_path), shlex.quote(pid_path)
     parent = shlex.quote(str(_parent(log_path)))
     pid_parent = shlex.quote(str(_parent(pid_path)))
+    # Plain `;` sequencing: with `A && B & C`, the shell would background the whole `A && B` list and
+    # $! would name a subshell, not the server.
     return (
-        f"mkdir -p {parent} {pid_parent} && {cd}"
+        f"mkdir -p {parent} {pid_parent} || exit 1; {cd}"
         f"setsid nohup {launch} >>{log} 2>&1 </dev/null & "
-        f'p=$!; echo "$p" >{pid}; echo "$p"'
+        f'p=$!; echo "$p" >{pid} || exit 1; echo "$p"'
     )
 
 

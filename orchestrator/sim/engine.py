@@ -1,0 +1,257 @@
+"""The simulated schedulers: a prefill loop and a decode loop that batch like a real engine.
+
+The decode loop runs one scheduler step at a time: admit waiting requests (their KV has arrived),
+sleep the modelled step time for the running batch (captured graph up to `--cuda-graph-max-bs`,
+eager above it or everywhere with `--disable-cuda-graph`), then advance every running request by
+one token. There is no per-request sleep: throughput and latency come from the batch, as on a GPU.
+When a planned tool-call request joins the batch, the fault model's rule for (prefill config,
+decode config) gives the probability, over that batch size, that its output is corrupted, and with
+which shape. All sleeps are multiplied by the time scale.
+
+The prefill loop takes queued prompts up to `--chunked-prefill-size` tokens per batch and sleeps the
+modelled prefill time of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.sim import agent
+from orchestrator.sim.faults import FaultModel, RoleConfig
+
+log = logging.getLogger("sglang.sim.scheduler")
+
+
+@dataclass
+class SimCounters:
+    """The sim's own account of its work (exposed in /server_info and /metrics)."""
+
+    tokens_generated: int = 0
+    prompt_tokens: int = 0
+    busy_time_s: float = 0.0  # wall seconds the decode loop spent in steps (scaled)
+    model_time_s: float = 0.0  # modelled GPU seconds of those steps (unscaled)
+    decode_steps: int = 0
+    captured_steps: int = 0
+    eager_steps: int = 0
+    requests: int = 0
+    finished_requests: int = 0
+    aborted_requests: int = 0
+    corrupted_turns: int = 0
+    corrupted_by_shape: Counter = field(default_factory=Counter)
+    bootstrap_failures: int = 0
+    transfer_failures: int = 0
+    prefill_batches: int = 0
+    last_gen_throughput: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in vars(self).items() if k != "corrupted_by_shape"}
+        data["corrupted_by_shape"] = dict(self.corrupted_by_shape)
+        return data
+
+
+@dataclass(eq=False)
+class DecodeRequest:
+    rid: str
+    reply: agent.Reply | None  # None: an internal health-check request
+    tokens: list[str]
+    max_new_tokens: int | None
+    prompt_tokens: int
+    prefill_config: RoleConfig | None
+    messages: Sequence[Mapping[str, Any]] = ()
+    tools: Sequence[Mapping[str, Any]] | None = None
+    pos: int = 0
+    done: bool = False
+    aborted: bool = False
+    finish_length: bool = False
+    batch_at_admission: int = 0
+    shape: str | None = None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def raw(self) -> str:
+        return "".join(self.tokens[: self.pos])
+
+
+class DecodeEngine:
+    def __init__(self, model: FaultModel, config: RoleConfig, scale: float, counters: SimCounters,
+                 rng: random.Random, log_interval: int = 40):
+        self.model = model
+        self.config = config
+        self.scale = scale
+        self.counters = counters
+        self.rng = rng
+        self.log_interval = max(1, int(log_interval))
+        args = config.args
+        self.max_running = int(args.get("max_running_requests") or 256)
+        self.graph_enabled = not args.get("disable_cuda_graph", False)
+        self.max_graph_bs = int(args.get("cuda_graph_max_bs") or 32)
+        self.multi_stream = bool(config.env.get("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", True))
+        self.stream_interval = max(1, int(args.get("stream_interval") or 1))
+        self.waiting: deque[DecodeRequest] = deque()
+        self.running: list[DecodeRequest] = []
+        self._wake = asyncio.Event()
+        self._stopped = False
+        self._log_tokens = 0
+        self._log_since = time.monotonic()
+
+    def submit(self, request: DecodeRequest) -> None:
+        self.counters.requests += 1
+        self.waiting.append(request)
+        self._wake.set()
+
+    def abort(self, request: DecodeRequest) -> None:
+        if not request.done:
+            request.aborted = True
+            self.counters.aborted_requests += 1
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = loop.time()
+        while not self._stopped:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                clock = loop.time()  # idle: the next step starts now
+                continue
+            admitted = []
+            while self.waiting and len(self.running) < self.max_running:
+                request = self.waiting.popleft()
+                if not request.aborted:
+                    self.running.append(request)
+                    admitted.append(request)
+            batch = len(self.running)
+            if batch == 0:
+                continue
+            for request in admitted:
+                self._admit(request, batch)
+            captured = self.graph_enabled and batch <= self.max_graph_bs
+            step = self.model.throughput.step_s(batch, captured, self.multi_stream)
+            # absolute deadlines: sleep overshoot does not accumulate, but never catch up more than a step
+            now = loop.time()
+            clock = max(clock, now - step * self.scale) + step * self.scale
+            if clock > now:
+                await asyncio.sleep(clock - now)
+            self._advance(step, captured, batch)
+
+    def _admit(self, request: DecodeRequest, batch: int) -> None:
+        request.batch_at_admission = batch
+        if request.reply is not None and request.reply.planned and request.prefill_config is not None:
+            rule = self.model.rule_for(request.prefill_config, self.config)
+            if rule is not None and self.rng.random() < rule.probability(batch):
+                shapes = list(rule.shapes)
+                request.shape = self.rng.choices(shapes, weights=[rule.shapes[s] for s in shapes])[0]
+                request.tokens = agent.corrupt(request.reply, request.shape, self.rng, request.messages,
+                                               request.tools, request.max_new_tokens)
+                self.counters.corrupted_turns += 1
+                self.counters.corrupted_by_shape[request.shape] += 1
+                log.debug("request %s corrupted (%s) at batch %d by rule %s", request.rid, request.shape, batch,
+                          rule.name)
+        if request.max_new_tokens is not None and len(request.tokens) > request.max_new_tokens:
+            request.tokens = request.tokens[: request.max_new_tokens]
+            request.finish_length = True
+        if not request.tokens:
+            request.tokens = [""]  # a generation is at least one step
+
+    def _advance(self, step: float, captured: bool, batch: int) -> None:
+        c = self.counters
+        c.decode_steps += 1
+        c.busy_time_s += step * self.scale
+        c.model_time_s += step
+        if captured:
+            c.captured_steps += 1
+        else:
+            c.eager_steps += 1
+        keep = []
+        for request in self.running:
+            if request.aborted:
+                continue
+            request.pos += 1
+            c.tokens_generated += 1
+            if request.pos >= len(request.tokens):
+                request.done = True
+                c.finished_requests += 1
+                request.event.set()
+            else:
+                keep.append(request)
+                if request.pos % self.stream_interval == 0:
+                    request.event.set()
+        self._log_tokens += batch
+        self.running = keep
+        if c.decode_steps % self.log_interval == 0:
+            self._log_batch(batch, captured)
+
+    def _log_batch(self, batch: int, captured: bool) -> None:
+        now = time.monotonic()
+        throughput = self._log_tokens / max(now - self._log_since, 1e-9)
+        self.counters.last_gen_throughput = throughput
+        self._log_tokens, self._log_since = 0, now
+        tokens = sum(r.prompt_tokens + r.pos for r in self.running)
+        log.info(
+            "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, cuda graph: %s, "
+            "gen throughput (token/s): %.2f, #queue-req: %d",
+            batch, tokens, min(1.0, tokens / 1_000_000), captured, throughput, len(self.waiting),
+        )
+
+
+@dataclass(eq=False)
+class PrefillJob:
+    tokens: int
+    future: asyncio.Future
+
+
+class PrefillEngine:
+    def __init__(self, prefill_s: Callable[[int], float], scale: float, counters: SimCounters,
+                 chunk_tokens: int = 8192):
+        self.prefill_s = prefill_s
+        self.scale = scale
+        self.counters = counters
+        self.chunk_tokens = max(1, int(chunk_tokens))
+        self.queue: deque[PrefillJob] = deque()
+        self._wake = asyncio.Event()
+        self._stopped = False
+
+    async def prefill(self, tokens: int) -> None:
+        """Wait until a batch containing this prompt has been prefilled."""
+        job = PrefillJob(tokens, asyncio.get_running_loop().create_future())
+        self.queue.append(job)
+        self._wake.set()
+        await job.future
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        while not self._stopped:
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch, total = [], 0
+            while self.queue and (not batch or total + self.queue[0].tokens <= self.chunk_tokens):
+                job = self.queue.popleft()
+                batch.append(job)
+                total += job.tokens
+            started = time.monotonic()
+            await asyncio.sleep(self.prefill_s(total) * self.scale)
+            self.counters.prefill_batches += 1
+            self.counters.prompt_tokens += total
+            log.info(
+                "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: 0.00, "
+                "#running-req: 0, #queue-req: %d, input throughput (token/s): %.2f",
+                len(batch), total, len(self.queue), total / max(time.monotonic() - started, 1e-9),
+            )
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_result(None)

@@ -1,0 +1,157 @@
+"""Behaviour every Transport must show, run against each one (test_local.py, test_ssh.py).
+
+A subclass provides a `transport` fixture; the host must share this machine's filesystem and process
+table (local, or SSH to loopback / a network namespace), so the tests can check from outside too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.remote.base import Transport, TransportError
+
+HOSTILE = {
+    "SUBST": "$(touch {pwned})",
+    "BACKTICK": "`touch {pwned}`",
+    "QUOTES": "it's \"double\" and 'single'",
+    "NEWLINES": "line1\nline2\n\nline4",
+    "SPACES": "  leading and  inner  and trailing  ",
+    "SEMICOLON": "a; touch {pwned}; b",
+    "GLOB_AND_VARS": "* ~ $HOME ${{HOME}} \\n \\ back",
+    "EMPTY": "",
+}
+
+DUMP_ENV = "import json, os, sys; print(json.dumps({k: os.environ.get(k) for k in sys.argv[1:]}))"
+DUMP_ENV_TO_FILE = (
+    "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps({k: os.environ.get(k) for k in sys.argv[2:]}))"
+)
+
+
+def _pgid_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids of process group `pgid`, read from /proc on this machine."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+class TransportContract:
+    @pytest.fixture
+    def transport(self) -> Transport:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def test_run_gives_stdout_stderr_and_status(self, transport: Transport) -> None:
+        result = transport.run_shell("echo out; echo err >&2; exit 3")
+        assert (result.returncode, result.stdout, result.stderr) == (3, "out\n", "err\n")
+
+    def test_run_raises_on_failure_when_checked(self, transport: Transport) -> None:
+        with pytest.raises(TransportError, match="exited 7"):
+            transport.run(["sh", "-c", "echo boom >&2; exit 7"])
+        assert transport.run(["false"], check=False).returncode == 1
+
+    def test_large_output_on_both_streams_does_not_block(self, transport: Transport) -> None:
+        # 2 MiB on each stream: a transport reading one stream after the other would deadlock
+        script = "import sys\nfor _ in range(2048):\n    print('o' * 1024)\n    print('e' * 1024, file=sys.stderr)"
+        result = transport.run([sys.executable, "-c", script], timeout=60)
+        assert len(result.stdout) == len(result.stderr) == 2048 * 1025
+
+    def test_timeout_is_an_error_within_the_limit(self, transport: Transport) -> None:
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match="did not finish within"):
+            transport.run_shell("sleep 5", timeout=0.5)
+        assert time.monotonic() - t0 < 3.0
+
+    def test_stdin_is_empty(self, transport: Transport) -> None:
+        t0 = time.monotonic()
+        assert transport.run_shell("cat; echo done", timeout=10).stdout == "done\n"
+        assert time.monotonic() - t0 < 5
+
+    def test_hostile_env_values_arrive_literally(self, transport: Transport, tmp_path: Path) -> None:
+        pwned = tmp_path / "pwned"
+        env = {k: v.format(pwned=pwned) for k, v in HOSTILE.items()}
+        got = json.loads(transport.run([sys.executable, "-c", DUMP_ENV, *env], env=env).stdout)
+        assert got == env
+        # the same through a detached start, the path servers are launched by
+        out = tmp_path / "detached.json"
+        pid = transport.start_detached(
+            [sys.executable, "-c", DUMP_ENV_TO_FILE, str(out), *env],
+            env, str(tmp_path / "d.log"), str(tmp_path / "d.pid"),
+        )
+        deadline = time.monotonic() + 10
+        while transport.is_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(out.read_text()) == env
+        assert not pwned.exists()
+
+    def test_env_names_are_validated(self, transport: Transport) -> None:
+        with pytest.raises(ValueError, match="invalid environment variable name"):
+            transport.run(["true"], env={"X; touch /tmp/x": "1"})
+
+    def test_start_detached_writes_pid_and_log_then_stop_by_group(self, transport: Transport,
+                                                                 tmp_path: Path) -> None:
+        log, pidfile = tmp_path / "w" / "srv.log", tmp_path / "w" / "srv.pid"
+        # a parent with a child: stopping must take the whole group
+        script = "import subprocess, time; subprocess.Popen(['sleep', '300']); print('up', flush=True); time.sleep(300)"
+        pid = transport.start_detached([sys.executable, "-c", script], {}, str(log), str(pidfile),
+                                       cwd=str(tmp_path))
+        try:
+            assert int(pidfile.read_text()) == pid
+            assert os.getpgid(pid) == pid == os.getsid(pid)  # its own session and group
+            deadline = time.monotonic() + 10
+            while len(_pgid_members(pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(_pgid_members(pid)) == 2
+            assert transport.read_text_tail(str(log)).startswith("up")
+            assert transport.is_alive(pid) and transport.group_alive(pid)
+            assert transport.stop_group(pid, grace_s=10) is False  # TERM was enough
+            assert _pgid_members(pid) == []
+            assert not transport.is_alive(pid) and not transport.group_alive(pid)
+        finally:
+            for p in _pgid_members(pid):
+                os.kill(p, 9)
+
+    def test_stop_kills_a_group_that_ignores_term(self, transport: Transport, tmp_path: Path) -> None:
+        script = "trap '' TERM; sleep 300 & sleep 300"
+        pid = transport.start_detached(["sh", "-c", script], {}, str(tmp_path / "l"), str(tmp_path / "p"))
+        try:
+            deadline = time.monotonic() + 10
+            while len(_pgid_members(pid)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            assert transport.stop_group(pid, grace_s=0.5) is True  # had to KILL
+            assert time.monotonic() - t0 < 5
+            assert _pgid_members(pid) == []
+        finally:
+            for p in _pgid_members(pid):
+                os.kill(p, 9)
+
+    def test_refuses_to_signal_group_one(self, transport: Transport) -> None:
+        with pytest.raises(ValueError):
+            transport.stop_group(1)
+
+    def test_write_then_read_binary_creating_parents(self, transport: Transport, tmp_path: Path) -> None:
+        path = tmp_path / "a" / "b" / "data.bin"
+        data = bytes(range(256)) * 300
+        transport.write_file(str(path), data)
+        assert path.read_bytes() == data
+        assert transport.read_file(str(path)) == data
+        transport.write_file(str(path), b"shorter")  # overwrite replaces, not patches
+        assert transport.read_file(str(path)) == b"shorter"
+
+    def test_read_missing_file_is_file_not_found(self, transport: Transport, tmp_path: Path) -> None:
+        with pytest.raises(FileNotFoundError):
+            transport.read_file(str(tmp_path / "nope"))
+        assert transport.read_text_tail(str(tmp_path / "nope")) == ""

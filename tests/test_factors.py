@@ -1,0 +1,86 @@
+"""Arm planning: factor levels -> env/argv per role, and a signature that pools identical arms."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+from hydra.errors import HydraException
+
+from hydra_plugins.heisenhunt_sweeper.study_sweeper import ofat_jobs
+from orchestrator.config import ConfigError
+from orchestrator.factors import flag_words, merge_role_deltas, plan_arm, signature
+
+
+def test_levels_land_on_the_roles_the_factor_names(compose_cfg):
+    plan = plan_arm(compose_cfg("factor/capture=eager", "factor/multi_stream=off", "factor/index_k=fp8",
+                                "factor/hicache=on"))
+    decode, prefill = plan.roles["decode"], plan.roles["prefill"]
+    assert "--disable-cuda-graph" in decode.argv and "--disable-cuda-graph" not in prefill.argv
+    assert decode.env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "0"
+    assert "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP" not in prefill.env
+    assert prefill.env["SGLANG_DSV4_BF16_INDEX_K"] == decode.env["SGLANG_DSV4_BF16_INDEX_K"] == "0"
+    i = prefill.argv.index("--hicache-ratio")
+    assert prefill.argv[i + 1] == "2.0" and "--enable-hierarchical-cache" in prefill.argv
+    # the shipped deployment keeps the overlap schedule off on both roles
+    assert "--disable-overlap-schedule" in prefill.argv and "--disable-overlap-schedule" in decode.argv
+    assert plan.factors == {"capture": "eager", "hicache": "on", "index_k": "fp8", "multi_stream": "off"}
+
+
+def test_router_is_wired_to_prefill_with_its_bootstrap_port_and_to_decode(compose_cfg):
+    cfg = compose_cfg()
+    argv = plan_arm(cfg).roles["router"].argv
+    hosts = cfg.cluster.hosts
+    i = argv.index("--prefill")
+    assert argv[i + 1:i + 3] == [f"http://127.0.0.1:{hosts.prefill.port}", str(hosts.prefill.bootstrap_port)]
+    assert argv[argv.index("--decode") + 1] == f"http://127.0.0.1:{hosts.decode.port}"
+    assert "--pd-disaggregation" in argv
+
+
+def test_signature_ignores_ports_and_key_order_but_not_levels(compose_cfg):
+    a = plan_arm(compose_cfg()).signature
+    b = plan_arm(compose_cfg()).signature  # other free ports, other work dirs
+    assert a == b
+    assert plan_arm(compose_cfg("factor/multi_stream=off")).signature != a
+    env1 = {"A": "1", "B": "2"}
+    env2 = {"B": "2", "A": "1"}
+    assert signature({"decode": (env1, {"--x": None, "--y": 1})}, "m") == \
+        signature({"decode": (env2, {"--y": 1, "--x": None})}, "m")
+    assert signature({"decode": (env1, {})}, "m") != signature({"decode": (env1, {})}, "other-model")
+
+
+def test_two_factors_setting_one_name_differently_is_a_conflict():
+    factors = {"a": {"roles": {"decode": {"env": {"X": "1"}}}}, "b": {"roles": {"decode": {"env": {"X": "0"}}}}}
+    with pytest.raises(ConfigError, match=r"factor.b and factor.a both set decode env X"):
+        merge_role_deltas({}, {}, factors, "decode")
+    env, _ = merge_role_deltas({"X": "9"}, {}, {"a": factors["a"]}, "decode")
+    assert env == {"X": "1"}  # a factor overrides the deployment
+
+
+def test_flag_words_switches_scalars_and_lists():
+    assert flag_words({"--a": None, "--b": 2, "--c": ["x", 3]}) == ["--a", "--b", "2", "--c", "x", "3"]
+
+
+def _choices(**keys):
+    return OrderedDict((k.replace("__", "/"), [f"{k.replace('__', '/')}={v}" for v in vs]) for k, vs in keys.items())
+
+
+def test_ofat_design_is_baseline_plus_one_factor_at_a_time_times_repetitions():
+    choices = _choices(factor__capture=["graph", "eager"], factor__index_k=["bf16", "fp8"],
+                       factor__multi_stream=["on", "off"], factor__hicache=["on", "off"], repetition=["0", "1", "2"])
+    baseline = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}
+    jobs = ofat_jobs(choices, baseline)
+    assert len(jobs) == 5 * 3
+    arms = {tuple(j[:4]) for j in jobs}
+    assert len(arms) == 5
+    base = ("factor/capture=graph", "factor/index_k=bf16", "factor/multi_stream=on", "factor/hicache=on")
+    assert base in arms
+    for arm in arms - {base}:
+        assert sum(a != b for a, b in zip(arm, base, strict=True)) == 1
+
+
+def test_ofat_refuses_a_baseline_level_that_is_not_swept():
+    with pytest.raises(HydraException, match="not among the swept levels"):
+        ofat_jobs(_choices(factor__capture=["graph", "eager"]), {"capture": "turbo"})
+    with pytest.raises(HydraException, match="study.baseline.capture is not set"):
+        ofat_jobs(_choices(factor__capture=["graph", "eager"]), {})

@@ -1,0 +1,92 @@
+"""Fixtures for the workload tests: the simulated SGLang server as a real process on loopback.
+
+Started through `LocalTransport.start_detached` (its own process group) and always stopped with
+`stop_group` in a `finally`, so no test leaves a server behind.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.remote.local import LocalTransport
+
+# a server with no fault rule matching: eager decode (the built-in model needs captured graphs)
+HEALTHY_ARGS = ("--disable-cuda-graph",)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class SimServer:
+    url: str
+    port: int
+    pid: int
+    log_path: Path
+    transport: LocalTransport
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.transport.stop_group(self.pid, grace_s=grace_s)
+
+    def log_tail(self) -> str:
+        return self.transport.read_text_tail(str(self.log_path), 4000)
+
+
+def wait_healthy(server: SimServer, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if not server.transport.is_alive(server.pid):
+            raise RuntimeError(f"sim server exited during startup:\n{server.log_tail()}")
+        time.sleep(0.1)
+    raise RuntimeError(f"sim server not healthy within {timeout_s}s:\n{server.log_tail()}")
+
+
+@pytest.fixture
+def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
+    """start_sim(args=HEALTHY_ARGS, env={}, time_scale=0.0) -> a healthy SimServer; all stopped at teardown."""
+    transport = LocalTransport()
+    started: list[SimServer] = []
+
+    def _start(args: Sequence[str] = HEALTHY_ARGS, env: Mapping[str, str] | None = None,
+               time_scale: float = 0.0) -> SimServer:
+        port = free_port()
+        n = len(started)
+        log_path, pid_path = tmp_path / f"sim{n}.log", tmp_path / f"sim{n}.pid"
+        argv = [sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--host", "127.0.0.1",
+                "--port", str(port), *args]
+        full_env = {"HEISENHUNT_SIM_TIME_SCALE": str(time_scale), **(env or {})}
+        pid = transport.start_detached(argv, full_env, str(log_path), str(pid_path))
+        server = SimServer(f"http://127.0.0.1:{port}", port, pid, log_path, transport)
+        started.append(server)
+        wait_healthy(server)
+        return server
+
+    try:
+        yield _start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def sim_server(start_sim: Callable[..., SimServer]) -> SimServer:
+    """A healthy simulated server with no modelled latency."""
+    return start_sim()

@@ -1,0 +1,169 @@
+"""The stress workload end to end against the simulated server over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.results import SessionOutcome, StressSummary
+from orchestrator.workload.detect import DETECTORS
+from orchestrator.workload.stress import run_stress, run_stress_sync, summarize
+from orchestrator.workload.tasks import make_task
+
+
+def read_outcomes(out: Path) -> list[SessionOutcome]:
+    lines = (out / "sessions.jsonl").read_text().splitlines()
+    return [SessionOutcome.from_dict(json.loads(line)) for line in lines]
+
+
+def read_summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_summarize_counts_by_status_and_detector():
+    from orchestrator.results import BadTurn
+
+    outcomes = [
+        SessionOutcome("a", "clean", 2, 2),
+        SessionOutcome("b", "corrupted", 2, 1, bad_turn=BadTurn(1, "malformed_json", "r", "x")),
+        SessionOutcome("c", "corrupted", 2, 0, bad_turn=BadTurn(0, "wrong_call", "r", "x")),
+        SessionOutcome("d", "corrupted", 2, 0, bad_turn=BadTurn(0, "malformed_json", "r", "x")),
+        SessionOutcome("e", "errored", 2, 0, error="timeout: x"),
+    ]
+    summary = summarize(outcomes, planned=7, duration_s=1.5)
+    assert summary == StressSummary(sessions=5, clean=1, corrupted=3, errored=1, planned=7,
+                                    by_detector={"malformed_json": 2, "wrong_call": 1}, duration_s=1.5)
+    assert summary.partial
+
+
+def test_healthy_sim_all_clean(sim_server, tmp_path):
+    out = tmp_path / "run"
+    summary = run_stress_sync(sim_server.url, 40, 3, 20, 5, "m", 30.0, out, progress=False)
+    assert (summary.sessions, summary.clean, summary.corrupted, summary.errored, summary.planned) == (40, 40, 0, 0, 40)
+    outcomes = read_outcomes(out)
+    assert sorted(o.session_id for o in outcomes) == sorted(make_task(5, i, 3).task_id for i in range(40))
+    for o in outcomes:
+        assert o.status == "clean" and o.rounds_done == 3 and len(o.turn_latency_s) == 3
+        assert o.prompt_tokens > 0 and o.completion_tokens > 0
+    assert read_summary(out)["clean"] == 40 and not read_summary(out)["partial"]
+    assert not (out / "corrupted").exists()
+
+
+@pytest.mark.slow
+def test_thousand_sessions_against_healthy_sim(sim_server, tmp_path):
+    out = tmp_path / "run"
+    summary = run_stress_sync(sim_server.url, 1000, 2, 1000, 11, "m", 120.0, out, progress=False)
+    assert (summary.corrupted, summary.errored, summary.clean, summary.sessions) == (0, 0, 1000, 1000)
+    assert len(read_outcomes(out)) == 1000
+
+
+def test_faulty_sim_corrupted_sessions_keep_evidence(start_sim, tmp_path):
+    """The sim's fault model at the baseline (captured graphs, overlap, bf16 index keys, HiCache)."""
+    server = start_sim(args=("--enable-hierarchical-cache",), env={"SGLANG_DSV4_BF16_INDEX_K": "1"})
+    out = tmp_path / "run"
+    summary = run_stress_sync(server.url, 60, 4, 60, 3, "m", 60.0, out, progress=False)
+    assert summary.errored == 0
+    assert summary.corrupted > 0, server.log_tail()
+    assert sum(summary.by_detector.values()) == summary.corrupted
+    assert set(summary.by_detector) <= set(DETECTORS)
+    for o in read_outcomes(out):
+        if o.status != "corrupted":
+            continue
+        assert o.bad_turn is not None and o.bad_turn.detector in DETECTORS and o.rounds_done == o.bad_turn.round_index
+        transcript = json.loads((out / "corrupted" / f"{o.session_id}.json").read_text())
+        assert transcript["bad_turn"]["detector"] == o.bad_turn.detector
+        assert transcript["bad_turn"]["raw_sse"].startswith("data: ")
+        # the conversation up to the bad turn: system, user, then an assistant + tool pair per good round
+        assert len(transcript["messages"]) == 2 + 2 * o.rounds_done
+
+
+def test_server_killed_mid_run_errors_never_corrupts(start_sim, tmp_path):
+    # real modelled latency so sessions are in flight when the server dies
+    server = start_sim(time_scale=1.0)
+    out = tmp_path / "run"
+    sessions = 40
+
+    async def scenario() -> tuple[StressSummary, list[SessionOutcome]]:
+        run = asyncio.create_task(run_stress(server.url, sessions, 3, 8, 2, "m", 30.0, out, progress=False))
+        jsonl = out / "sessions.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if jsonl.exists() and len(jsonl.read_text().splitlines()) >= 8:
+                break
+            await asyncio.sleep(0.05)
+        before = read_outcomes(out)
+        # SIGKILL the whole group: streams in flight are cut, later connects refused
+        os.killpg(server.pid, signal.SIGKILL)
+        return await run, before
+
+    summary, before = asyncio.run(scenario())
+    after = read_outcomes(out)
+    assert len(before) >= 8 and all(o.status == "clean" for o in before)
+    assert after[: len(before)] == before  # finished sessions keep their outcomes, unchanged
+    assert summary.corrupted == 0
+    assert summary.sessions == sessions and summary.clean + summary.errored == sessions
+    assert summary.errored >= sessions - len(before) - 8  # at most the in-flight ones could still finish
+    in_flight = [o for o in after if (o.status == "errored" and o.rounds_done > 0) or
+                 (o.status == "errored" and "connection_refused" not in (o.error or ""))]
+    assert in_flight, "some session must have been cut mid-stream or mid-conversation"
+    kinds = read_summary(out)["by_error"]
+    assert set(kinds) <= {"server_gone", "connection_reset", "connection_refused", "incomplete_stream"}
+
+
+def test_cancel_writes_partial_outputs(start_sim, tmp_path):
+    server = start_sim(time_scale=1.0)
+    out = tmp_path / "run"
+
+    async def scenario() -> None:
+        run = asyncio.create_task(run_stress(server.url, 30, 3, 6, 4, "m", 30.0, out, progress=False))
+        jsonl = out / "sessions.jsonl"
+        while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= 3):
+            await asyncio.sleep(0.05)
+        run.cancel()
+        await run
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(scenario())
+    summary = read_summary(out)
+    outcomes = read_outcomes(out)
+    assert summary["partial"] and summary["planned"] == 30 and summary["sessions"] == len(outcomes) < 30
+    assert all(o.status == "clean" for o in outcomes)  # in-flight sessions are left out, not errored
+
+
+def test_cli_runs_and_ctrl_c_leaves_a_partial_summary(start_sim, tmp_path):
+    server = start_sim()
+    out = tmp_path / "cli"
+    argv = [sys.executable, "-m", "orchestrator.workload.stress", "--url", server.url, "--sessions", "12",
+            "--rounds", "2", "--out", str(out), "--seed", "9", "--concurrency", "4", "--timeout", "20"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "clean 12, corrupted 0, errored 0" in done.stdout
+    assert len(read_outcomes(out)) == 12
+
+    slow = start_sim(time_scale=1.0)
+    out2 = tmp_path / "cli2"
+    argv2 = [*argv[:4], slow.url, "--sessions", "40", "--rounds", "3", "--out", str(out2), "--concurrency", "4"]
+    proc = subprocess.Popen(argv2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        jsonl = out2 / "sessions.jsonl"
+        while not (jsonl.exists() and jsonl.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "(partial)" in stdout
+    summary = read_summary(out2)
+    assert summary["partial"] and summary["sessions"] == len(read_outcomes(out2)) < 40
