@@ -36,6 +36,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import aiohttp
@@ -134,7 +135,7 @@ class StreamedTurn:
     def itl_s(self) -> list[float]:
         """Gaps between successive token-bearing events (an event may carry several tokens)."""
         times = self.chunk_times
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
+        return [b - a for a, b in pairwise(times)]
 
     @property
     def prompt_tokens(self) -> int:
@@ -269,7 +270,6 @@ class SSEParser:
         if arguments:
             call.arguments += arguments
 
-
     def _index_without_index(self, call_id: str | None) -> int:
         """Some servers omit the index: a known id continues its call, a new id starts one, no id
         continues the last call."""
@@ -281,8 +281,14 @@ class SSEParser:
         return max(self._calls)
 
 
-def chat_payload(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                 max_tokens: int = 1024, temperature: float = 0.0, **extra: Any) -> dict[str, Any]:
+def chat_payload(
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    max_tokens: int = 1024,
+    temperature: float = 0.0,
+    **extra: Any,
+) -> dict[str, Any]:
     """A streaming chat request body with usage in the stream."""
     payload: dict[str, Any] = {
         "model": model,
@@ -299,8 +305,9 @@ def chat_payload(model: str, messages: list[dict[str, Any]], tools: list[dict[st
     return payload
 
 
-async def stream_chat(session: aiohttp.ClientSession, url: str, payload: Mapping[str, Any],
-                      timeout: float) -> StreamedTurn:
+async def stream_chat(
+    session: aiohttp.ClientSession, url: str, payload: Mapping[str, Any], timeout: float
+) -> StreamedTurn:
     """POST `payload` to `url` + /v1/chat/completions (stream forced on) and parse the SSE reply.
 
     `url` is the server's base URL (a full .../v1/chat/completions URL is accepted too). `timeout`
@@ -316,11 +323,15 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, payload: Mapping
     try:
         async with asyncio.timeout(timeout):
             async with session.post(
-                endpoint, data=data, headers={"Content-Type": "application/json", "Accept": "text/event-stream"}
+                endpoint,
+                data=data,
+                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
             ) as resp:
                 if resp.status != 200:
                     text = (await resp.content.read(2000)).decode("utf-8", "replace")
-                    raise RequestError("http_status", f"HTTP {resp.status}: {text.strip()[:300]}", resp.status)
+                    raise RequestError(
+                        "http_status", f"HTTP {resp.status}: {text.strip()[:300]}", resp.status
+                    )
                 async for chunk in resp.content.iter_any():
                     parser.feed(chunk, time.monotonic())
                 turn = parser.finish(time.monotonic())

@@ -122,7 +122,9 @@ def control_chars(turn: StreamedTurn) -> str | None:
     for where, text in _texts(turn):
         found = _CONTROL.search(text)
         if found:
-            return f"control character U+{ord(found.group()):04X} in {where} near {_show(text, found.start())}"
+            return (
+                f"control character U+{ord(found.group()):04X} in {where} near {_show(text, found.start())}"
+            )
     return None
 
 
@@ -175,9 +177,12 @@ def malformed_json(turn: StreamedTurn) -> str | None:
     for call in turn.tool_calls:
         parsed = _parse_arguments(call)
         if isinstance(parsed, ValueError):
-            return f"tool call {call.index} ({call.name}): arguments are not JSON ({parsed}): {call.arguments[:200]!r}"
+            where = f"tool call {call.index} ({call.name})"
+            return f"{where}: arguments are not JSON ({parsed}): {call.arguments[:200]!r}"
         if not isinstance(parsed, dict):
-            return f"tool call {call.index} ({call.name}): arguments are {type(parsed).__name__}, not an object"
+            return (
+                f"tool call {call.index} ({call.name}): arguments are {type(parsed).__name__}, not an object"
+            )
     return None
 
 
@@ -196,7 +201,9 @@ def schema_invalid(turn: StreamedTurn, tool_schemas: Mapping[str, Any] = TOOL_SC
         parsed = _parse_arguments(call)
         if schema is None or not isinstance(parsed, dict):
             continue  # other detectors own these cases
-        error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(parsed))
+        error = jsonschema.exceptions.best_match(
+            _validator(json.dumps(schema, sort_keys=True)).iter_errors(parsed)
+        )
         if error is not None:
             path = "/".join(str(p) for p in error.absolute_path) or "(root)"
             return f"tool call {call.index} ({call.name}): {path}: {error.message[:200]}"
@@ -254,7 +261,9 @@ STRUCTURAL: tuple[tuple[str, Callable[[StreamedTurn], str | None]], ...] = (
 DETECTORS: tuple[str, ...] = (*(name for name, _ in STRUCTURAL), "wrong_call")
 
 
-def check_turn(turn: StreamedTurn, expected: ToolCall | None = None, check_plan: bool = False) -> Finding | None:
+def check_turn(
+    turn: StreamedTurn, expected: ToolCall | None = None, check_plan: bool = False
+) -> Finding | None:
     """The first detector that fires on `turn`, or None for a healthy turn.
 
     `expected` is the call the task expects this round (Task.expected(round)); it is only used when

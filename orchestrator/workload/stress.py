@@ -102,12 +102,21 @@ def summarize(outcomes: list[SessionOutcome], planned: int, duration_s: float) -
 
 
 def errors_by_kind(outcomes: list[SessionOutcome]) -> dict[str, int]:
-    return dict(sorted(Counter((o.error or "").split(":", 1)[0] for o in outcomes if o.status == "errored").items()))
+    return dict(
+        sorted(Counter((o.error or "").split(":", 1)[0] for o in outcomes if o.status == "errored").items())
+    )
 
 
-async def run_session(http: Any, url: str, task: Task, rounds: int, model: str, timeout_s: float,
-                      check_plan: bool, max_tokens: int = DEFAULT_MAX_TOKENS
-                      ) -> tuple[SessionOutcome, dict[str, Any] | None]:
+async def run_session(
+    http: Any,
+    url: str,
+    task: Task,
+    rounds: int,
+    model: str,
+    timeout_s: float,
+    check_plan: bool,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> tuple[SessionOutcome, dict[str, Any] | None]:
     """One session to its end; returns its outcome and, when corrupted, its transcript."""
     messages = initial_messages(task)
     outcome = SessionOutcome(session_id=task.task_id, status="clean", rounds=rounds, rounds_done=0)
@@ -129,8 +138,12 @@ async def run_session(http: Any, url: str, task: Task, rounds: int, model: str, 
                 "session_id": task.task_id,
                 "task": {"task_id": task.task_id, "steps": [s.as_json() for s in task.steps]},
                 "messages": messages,
-                "bad_turn": {"round_index": r, "detector": finding.detector, "reason": finding.reason,
-                             **turn_record(turn)},
+                "bad_turn": {
+                    "round_index": r,
+                    "detector": finding.detector,
+                    "reason": finding.reason,
+                    **turn_record(turn),
+                },
             }
             return outcome, transcript
         messages.append(assistant_message(turn))
@@ -167,8 +180,12 @@ class _Outputs:
         if self._progress is not None:
             self._progress.stop()
         summary = summarize(self.outcomes, self.planned, duration_s)
-        document = {**asdict(summary), "partial": summary.partial, "by_error": errors_by_kind(self.outcomes),
-                    "settings": settings}
+        document = {
+            **asdict(summary),
+            "partial": summary.partial,
+            "by_error": errors_by_kind(self.outcomes),
+            "settings": settings,
+        }
         (self.out_dir / "summary.json").write_text(json.dumps(document, indent=1) + "\n")
         return summary
 
@@ -182,24 +199,42 @@ class _Progress:
 
         self.counts: Counter[str] = Counter()
         self.progress = Progress(
-            TextColumn("stress"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("[red]corrupted {task.fields[corrupted]}[/] [yellow]errored {task.fields[errored]}[/]"),
-            TimeElapsedColumn(), console=Console(stderr=True),
+            TextColumn("stress"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "[red]corrupted {task.fields[corrupted]}[/] [yellow]errored {task.fields[errored]}[/]"
+            ),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
         )
         self.task = self.progress.add_task("stress", total=total, corrupted=0, errored=0)
         self.progress.start()
 
     def update(self, status: str) -> None:
         self.counts[status] += 1
-        self.progress.update(self.task, advance=1, corrupted=self.counts["corrupted"], errored=self.counts["errored"])
+        self.progress.update(
+            self.task, advance=1, corrupted=self.counts["corrupted"], errored=self.counts["errored"]
+        )
 
     def stop(self) -> None:
         self.progress.stop()
 
 
-async def run_stress(url: str, sessions: int, rounds: int, concurrency: int | None, seed: int, model: str,
-                     timeout_s: float, out_dir: str | Path, check_plan: bool = True, progress: bool | None = None,
-                     *, max_tokens: int = DEFAULT_MAX_TOKENS) -> StressSummary:
+async def run_stress(
+    url: str,
+    sessions: int,
+    rounds: int,
+    concurrency: int | None,
+    seed: int,
+    model: str,
+    timeout_s: float,
+    out_dir: str | Path,
+    check_plan: bool = True,
+    progress: bool | None = None,
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> StressSummary:
     """Run the workload against `url` (an OpenAI-compatible base URL) and write the outputs.
 
     `concurrency` None means all sessions at once. `progress` None means a live display exactly when
@@ -211,8 +246,17 @@ async def run_stress(url: str, sessions: int, rounds: int, concurrency: int | No
     concurrency = min(sessions, concurrency or sessions)
     if progress is None:
         progress = sys.stderr.isatty()
-    settings = {"url": url, "sessions": sessions, "rounds": rounds, "concurrency": concurrency, "seed": seed,
-                "model": model, "timeout_s": timeout_s, "check_plan": check_plan, "max_tokens": max_tokens}
+    settings = {
+        "url": url,
+        "sessions": sessions,
+        "rounds": rounds,
+        "concurrency": concurrency,
+        "seed": seed,
+        "model": model,
+        "timeout_s": timeout_s,
+        "check_plan": check_plan,
+        "max_tokens": max_tokens,
+    }
     outputs = _Outputs(Path(out_dir), sessions, progress)
     started = time.monotonic()
     next_index = 0
@@ -223,11 +267,14 @@ async def run_stress(url: str, sessions: int, rounds: int, concurrency: int | No
             index, next_index = next_index, next_index + 1
             task = make_task(seed, index, rounds)
             try:
-                outcome, transcript = await run_session(http, url, task, rounds, model, timeout_s, check_plan,
-                                                        max_tokens)
+                outcome, transcript = await run_session(
+                    http, url, task, rounds, model, timeout_s, check_plan, max_tokens
+                )
             except Exception as e:  # a client bug must not pass for corruption nor kill the run
                 log.exception("session %s failed in the client", task.task_id)
-                outcome = SessionOutcome(task.task_id, "errored", rounds, 0, error=f"client_error: {e!r}"[:500])
+                outcome = SessionOutcome(
+                    task.task_id, "errored", rounds, 0, error=f"client_error: {e!r}"[:500]
+                )
                 transcript = None
             outputs.record(outcome, transcript)
 
@@ -237,24 +284,58 @@ async def run_stress(url: str, sessions: int, rounds: int, concurrency: int | No
     finally:
         summary = outputs.finish(time.monotonic() - started, settings)
         if summary.partial:
-            log.warning("stress run interrupted: %d of %d sessions have an outcome", summary.sessions, sessions)
-    log.info("stress: %d clean, %d corrupted %s, %d errored in %.1fs", summary.clean, summary.corrupted,
-             summary.by_detector, summary.errored, summary.duration_s)
+            log.warning(
+                "stress run interrupted: %d of %d sessions have an outcome", summary.sessions, sessions
+            )
+    log.info(
+        "stress: %d clean, %d corrupted %s, %d errored in %.1fs",
+        summary.clean,
+        summary.corrupted,
+        summary.by_detector,
+        summary.errored,
+        summary.duration_s,
+    )
     return summary
 
 
-def run_stress_sync(url: str, sessions: int, rounds: int, concurrency: int | None, seed: int, model: str,
-                    timeout_s: float, out_dir: str | Path, check_plan: bool = True, progress: bool | None = None,
-                    *, max_tokens: int = DEFAULT_MAX_TOKENS) -> StressSummary:
-    """`run_stress` in a fresh event loop. Ctrl-C writes the partial outputs, then raises KeyboardInterrupt."""
-    return asyncio.run(run_stress(url, sessions, rounds, concurrency, seed, model, timeout_s, out_dir,
-                                  check_plan, progress, max_tokens=max_tokens))
+def run_stress_sync(
+    url: str,
+    sessions: int,
+    rounds: int,
+    concurrency: int | None,
+    seed: int,
+    model: str,
+    timeout_s: float,
+    out_dir: str | Path,
+    check_plan: bool = True,
+    progress: bool | None = None,
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> StressSummary:
+    """`run_stress` in a fresh event loop; Ctrl-C writes the partial outputs, then raises
+    KeyboardInterrupt."""
+    return asyncio.run(
+        run_stress(
+            url,
+            sessions,
+            rounds,
+            concurrency,
+            seed,
+            model,
+            timeout_s,
+            out_dir,
+            check_plan,
+            progress,
+            max_tokens=max_tokens,
+        )
+    )
 
 
 def format_summary(document: dict[str, Any]) -> str:
     """A summary.json document as a few lines for a person."""
+    partial = " (partial)" if document.get("partial") else ""
     lines = [
-        f"sessions {document['sessions']}/{document['planned']}{' (partial)' if document.get('partial') else ''}"
+        f"sessions {document['sessions']}/{document['planned']}{partial}"
         f" in {document['duration_s']:.1f}s: clean {document['clean']}, corrupted {document['corrupted']}, "
         f"errored {document['errored']}",
     ]
@@ -287,9 +368,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     interrupted = False
     try:
-        run_stress_sync(args.url, args.sessions, args.rounds, args.concurrency, args.seed, args.model,
-                        args.timeout, args.out, check_plan=not args.no_plan_check,
-                        progress=False if args.quiet else None, max_tokens=args.max_tokens)
+        run_stress_sync(
+            args.url,
+            args.sessions,
+            args.rounds,
+            args.concurrency,
+            args.seed,
+            args.model,
+            args.timeout,
+            args.out,
+            check_plan=not args.no_plan_check,
+            progress=False if args.quiet else None,
+            max_tokens=args.max_tokens,
+        )
     except KeyboardInterrupt:
         interrupted = True
     summary_path = Path(args.out) / "summary.json"

@@ -61,17 +61,28 @@ def wait_healthy(server: SimServer, timeout_s: float = 30.0) -> None:
 
 @pytest.fixture
 def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
-    """start_sim(args=HEALTHY_ARGS, env={}, time_scale=0.0) -> a healthy SimServer; all stopped at teardown."""
+    """start_sim(args=HEALTHY_ARGS, env={}, time_scale=0.0) -> a healthy SimServer; all stopped after."""
     transport = LocalTransport()
     started: list[SimServer] = []
 
-    def _start(args: Sequence[str] = HEALTHY_ARGS, env: Mapping[str, str] | None = None,
-               time_scale: float = 0.0) -> SimServer:
+    def _start(
+        args: Sequence[str] = HEALTHY_ARGS, env: Mapping[str, str] | None = None, time_scale: float = 0.0
+    ) -> SimServer:
         port = free_port()
         n = len(started)
         log_path, pid_path = tmp_path / f"sim{n}.log", tmp_path / f"sim{n}.pid"
-        argv = [sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--host", "127.0.0.1",
-                "--port", str(port), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestrator.sim.server",
+            "--model-path",
+            "m",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *args,
+        ]
         full_env = {"HEISENHUNT_SIM_TIME_SCALE": str(time_scale), **(env or {})}
         pid = transport.start_detached(argv, full_env, str(log_path), str(pid_path))
         server = SimServer(f"http://127.0.0.1:{port}", port, pid, log_path, transport)

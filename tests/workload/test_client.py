@@ -37,8 +37,18 @@ TOOL_STREAM = sse(
     chunk({"role": "assistant", "content": ""}),
     chunk({"reasoning_content": "Step 1 "}),
     chunk({"reasoning_content": "is read_file."}),
-    chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                           "function": {"name": "read_file", "arguments": ""}}]}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": ""},
+                }
+            ]
+        }
+    ),
     chunk({"tool_calls": [{"index": 0, "function": {"name": None, "arguments": '{"path": '}}]}),
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"src/a.py"}'}}]}),
     chunk({}, finish="tool_calls"),
@@ -73,7 +83,12 @@ def test_parser_is_incremental_whatever_the_chunking(split):
     whole = parse(TOOL_STREAM)
     pieces = parse(TOOL_STREAM, split)
     assert (pieces.content, pieces.reasoning, pieces.tool_calls, pieces.finish_reason, pieces.usage) == (
-        whole.content, whole.reasoning, whole.tool_calls, whole.finish_reason, whole.usage)
+        whole.content,
+        whole.reasoning,
+        whole.tool_calls,
+        whole.finish_reason,
+        whole.usage,
+    )
     # token-bearing events are timestamped when the piece completing them arrives: increasing times
     assert len(pieces.chunk_times) == 5
     assert pieces.chunk_times == sorted(pieces.chunk_times) and pieces.chunk_times[0] > 0
@@ -82,8 +97,8 @@ def test_parser_is_incremental_whatever_the_chunking(split):
 def test_parser_crlf_comments_and_multiline_data():
     body = (
         b": keep-alive\r\n\r\n"
-        b"event: message\r\ndata: {\"choices\": [{\"index\": 0,\r\ndata: \"delta\": {\"content\": \"DONE\"},"
-        b" \"finish_reason\": \"stop\"}]}\r\n\r\n"
+        b'event: message\r\ndata: {"choices": [{"index": 0,\r\ndata: "delta": {"content": "DONE"},'
+        b' "finish_reason": "stop"}]}\r\n\r\n'
         b"data:[DONE]\r\n\r\n"
     )
     turn = parse(body, 5)
@@ -104,17 +119,22 @@ def test_parser_timestamps_and_latencies():
 
 def test_parser_two_calls_and_missing_index():
     body = sse(
-        chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "read_file", "arguments": "{}"}}]}),
+        chunk(
+            {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "read_file", "arguments": "{}"}}]}
+        ),
         chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "search", "arguments": "{"}}]}),
         chunk({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]}),
         # no index: a new id starts a call, no id continues the last one
-        chunk({"tool_calls": [{"id": "c", "function": {"name": "http_get", "arguments": "{\"u"}}]}),
-        chunk({"tool_calls": [{"function": {"arguments": "rl\": 1}"}}]}),
+        chunk({"tool_calls": [{"id": "c", "function": {"name": "http_get", "arguments": '{"u'}}]}),
+        chunk({"tool_calls": [{"function": {"arguments": 'rl": 1}'}}]}),
         chunk({}, finish="tool_calls"),
     )
     calls = parse(body).tool_calls
     assert [(c.index, c.id, c.name, c.arguments) for c in calls] == [
-        (0, "a", "read_file", "{}"), (1, "b", "search", "{}"), (2, "c", "http_get", '{"url": 1}')]
+        (0, "a", "read_file", "{}"),
+        (1, "b", "search", "{}"),
+        (2, "c", "http_get", '{"url": 1}'),
+    ]
 
 
 def test_parser_name_repeated_in_every_delta_is_not_doubled():
@@ -127,7 +147,9 @@ def test_parser_name_repeated_in_every_delta_is_not_doubled():
 
 
 def test_parser_keeps_invalid_utf8_as_evidence():
-    body = b'data: {"choices": [{"index": 0, "delta": {"content": "ok \xff\xfe"}, "finish_reason": "stop"}]}\n\n'
+    body = (
+        b'data: {"choices": [{"index": 0, "delta": {"content": "ok \xff\xfe"}, "finish_reason": "stop"}]}\n\n'
+    )
     turn = parse(body)
     assert turn.content == "ok \udcff\udcfe" and turn.finish_reason == "stop"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,13 @@ from orchestrator.workload.tasks import ToolCall, make_task
 READ = ToolCall("read_file", {"path": "src/scheduler.py"})
 
 
-def call_turn(name: str = "read_file", arguments: str = '{"path": "src/scheduler.py"}', content: str = "",
-              reasoning: str = "", finish_reason: str | None = "tool_calls") -> StreamedTurn:
+def call_turn(
+    name: str = "read_file",
+    arguments: str = '{"path": "src/scheduler.py"}',
+    content: str = "",
+    reasoning: str = "",
+    finish_reason: str | None = "tool_calls",
+) -> StreamedTurn:
     return StreamedTurn(
         content=content,
         reasoning=reasoning,
@@ -33,9 +39,14 @@ def healthy_turns() -> list[StreamedTurn]:
     turns = []
     for i in range(200):
         for step in make_task(7, i, 4).steps:
-            turns.append(call_turn(step.name, json.dumps(dict(step.arguments)),
-                                   reasoning=f"The plan says to call {step.name} next; "
-                                   f'I will call it with {{"name": "{step.name}", "arguments": ...}}.'))
+            turns.append(
+                call_turn(
+                    step.name,
+                    json.dumps(dict(step.arguments)),
+                    reasoning=f"The plan says to call {step.name} next; "
+                    f'I will call it with {{"name": "{step.name}", "arguments": ...}}.',
+                )
+            )
     return turns
 
 
@@ -141,7 +152,7 @@ def test_degenerate_repetition_fires(turn):
         "the " * 9,  # too few repeats
         "ab" * 30,  # too short a span
         "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n" * 2,
-        open(detect.__file__, encoding="utf-8").read()[:6000],  # ordinary prose and code
+        Path(detect.__file__).read_text(encoding="utf-8")[:6000],  # ordinary prose and code
     ],
 )
 def test_degenerate_repetition_quiet(text):
@@ -178,7 +189,9 @@ def test_leaked_tool_call_fires(content):
 def test_leaked_tool_call_quiet():
     assert detect.leaked_tool_call(StreamedTurn(content="DONE", finish_reason="stop")) is None
     # the reasoning may discuss the call it is about to make
-    assert detect.leaked_tool_call(call_turn(reasoning='next: {"name": "read_file", "arguments": {}}')) is None
+    assert (
+        detect.leaked_tool_call(call_turn(reasoning='next: {"name": "read_file", "arguments": {}}')) is None
+    )
     assert detect.leaked_tool_call(call_turn(content='The config is {"name": "x"}.')) is None
 
 
@@ -252,9 +265,14 @@ def test_schema_invalid_quiet_on_valid_arguments():
     [
         call_turn("search", '{"query": "x", "max_results": 5}'),  # another (valid) tool
         call_turn("read_file", '{"path": "src/router.py"}'),  # the right tool, other arguments
-        StreamedTurn(tool_calls=[StreamedToolCall(0, "a", "read_file", '{"path": "src/scheduler.py"}'),
-                                 StreamedToolCall(1, "b", "read_file", '{"path": "src/scheduler.py"}')],
-                     finish_reason="tool_calls", done=True),
+        StreamedTurn(
+            tool_calls=[
+                StreamedToolCall(0, "a", "read_file", '{"path": "src/scheduler.py"}'),
+                StreamedToolCall(1, "b", "read_file", '{"path": "src/scheduler.py"}'),
+            ],
+            finish_reason="tool_calls",
+            done=True,
+        ),
     ],
 )
 def test_wrong_call_fires(turn):
@@ -265,7 +283,9 @@ def test_wrong_call_fires(turn):
 
 def test_wrong_call_quiet_on_expected_call():
     same_but_reordered = call_turn("write_file", '{"content": "c", "path": "p"}')
-    assert detect.wrong_call(same_but_reordered, ToolCall("write_file", {"path": "p", "content": "c"})) is None
+    assert (
+        detect.wrong_call(same_but_reordered, ToolCall("write_file", {"path": "p", "content": "c"})) is None
+    )
     assert detect.wrong_call(HEALTHY, READ) is None
     assert detect.wrong_call(HEALTHY, None) is None  # nothing expected: nothing to compare
 

@@ -39,15 +39,28 @@ def test_summarize_counts_by_status_and_detector():
         SessionOutcome("e", "errored", 2, 0, error="timeout: x"),
     ]
     summary = summarize(outcomes, planned=7, duration_s=1.5)
-    assert summary == StressSummary(sessions=5, clean=1, corrupted=3, errored=1, planned=7,
-                                    by_detector={"malformed_json": 2, "wrong_call": 1}, duration_s=1.5)
+    assert summary == StressSummary(
+        sessions=5,
+        clean=1,
+        corrupted=3,
+        errored=1,
+        planned=7,
+        by_detector={"malformed_json": 2, "wrong_call": 1},
+        duration_s=1.5,
+    )
     assert summary.partial
 
 
 def test_healthy_sim_all_clean(sim_server, tmp_path):
     out = tmp_path / "run"
     summary = run_stress_sync(sim_server.url, 40, 3, 20, 5, "m", 30.0, out, progress=False)
-    assert (summary.sessions, summary.clean, summary.corrupted, summary.errored, summary.planned) == (40, 40, 0, 0, 40)
+    assert (summary.sessions, summary.clean, summary.corrupted, summary.errored, summary.planned) == (
+        40,
+        40,
+        0,
+        0,
+        40,
+    )
     outcomes = read_outcomes(out)
     assert sorted(o.session_id for o in outcomes) == sorted(make_task(5, i, 3).task_id for i in range(40))
     for o in outcomes:
@@ -77,7 +90,11 @@ def test_faulty_sim_corrupted_sessions_keep_evidence(start_sim, tmp_path):
     for o in read_outcomes(out):
         if o.status != "corrupted":
             continue
-        assert o.bad_turn is not None and o.bad_turn.detector in DETECTORS and o.rounds_done == o.bad_turn.round_index
+        assert (
+            o.bad_turn is not None
+            and o.bad_turn.detector in DETECTORS
+            and o.rounds_done == o.bad_turn.round_index
+        )
         transcript = json.loads((out / "corrupted" / f"{o.session_id}.json").read_text())
         assert transcript["bad_turn"]["detector"] == o.bad_turn.detector
         assert transcript["bad_turn"]["raw_sse"].startswith("data: ")
@@ -111,8 +128,12 @@ def test_server_killed_mid_run_errors_never_corrupts(start_sim, tmp_path):
     assert summary.corrupted == 0
     assert summary.sessions == sessions and summary.clean + summary.errored == sessions
     assert summary.errored >= sessions - len(before) - 8  # at most the in-flight ones could still finish
-    in_flight = [o for o in after if (o.status == "errored" and o.rounds_done > 0) or
-                 (o.status == "errored" and "connection_refused" not in (o.error or ""))]
+    in_flight = [
+        o
+        for o in after
+        if (o.status == "errored" and o.rounds_done > 0)
+        or (o.status == "errored" and "connection_refused" not in (o.error or ""))
+    ]
     assert in_flight, "some session must have been cut mid-stream or mid-conversation"
     kinds = read_summary(out)["by_error"]
     assert set(kinds) <= {"server_gone", "connection_reset", "connection_refused", "incomplete_stream"}
@@ -141,8 +162,25 @@ def test_cancel_writes_partial_outputs(start_sim, tmp_path):
 def test_cli_runs_and_ctrl_c_leaves_a_partial_summary(start_sim, tmp_path):
     server = start_sim()
     out = tmp_path / "cli"
-    argv = [sys.executable, "-m", "orchestrator.workload.stress", "--url", server.url, "--sessions", "12",
-            "--rounds", "2", "--out", str(out), "--seed", "9", "--concurrency", "4", "--timeout", "20"]
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator.workload.stress",
+        "--url",
+        server.url,
+        "--sessions",
+        "12",
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+        "--seed",
+        "9",
+        "--concurrency",
+        "4",
+        "--timeout",
+        "20",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "clean 12, corrupted 0, errored 0" in done.stdout
@@ -150,7 +188,18 @@ def test_cli_runs_and_ctrl_c_leaves_a_partial_summary(start_sim, tmp_path):
 
     slow = start_sim(time_scale=1.0)
     out2 = tmp_path / "cli2"
-    argv2 = [*argv[:4], slow.url, "--sessions", "40", "--rounds", "3", "--out", str(out2), "--concurrency", "4"]
+    argv2 = [
+        *argv[:4],
+        slow.url,
+        "--sessions",
+        "40",
+        "--rounds",
+        "3",
+        "--out",
+        str(out2),
+        "--concurrency",
+        "4",
+    ]
     proc = subprocess.Popen(argv2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
