@@ -21,6 +21,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.checks import check_local_side
 from orchestrator.config import CONF_DIR, validate
 from orchestrator.deploy import DeployError, Deployment
 from orchestrator.factors import ArmPlan, plan_arm
@@ -73,6 +74,7 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
     validate(cfg)
     plan = plan_arm(cfg)
+    check_local_side(str(cfg.tracking.uri), str(cfg.report.dir))
     repetition = int(cfg.repetition)
     label = arm_label(plan, dict(cfg.study.baseline))
     output_dir.mkdir(parents=True, exist_ok=True)

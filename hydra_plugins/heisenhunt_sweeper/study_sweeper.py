@@ -143,10 +143,15 @@ class StudySweeper(BasicSweeper):
         """Compose and plan every job of the batch, and validate it, before any job runs."""
         super().validate_batch_is_legal(batch)
         assert self.hydra_context is not None and self.config is not None
+        from orchestrator.checks import check_local_side
         from orchestrator.config import ConfigError, validate
         from orchestrator.factors import plan_arm
 
         problems: list[str] = []
+        try:
+            check_local_side(str(self.config.tracking.uri), str(self.config.report.dir))
+        except ConfigError as e:
+            problems += e.problems
         for overrides in batch:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             try:
