@@ -25,7 +25,7 @@ reached here, so a word-level tokenizer over faker's English word list (the word
 synthetic text is made of) is built locally with `tokenizers` and saved as a Hugging Face tokenizer
 directory, loaded with HF_HUB_OFFLINE=1.
 
-    python bench/bench_vs_peer.py                      # sim at full speed, C=32, 100 then 1000 requests
+    python bench/bench_vs_peer.py                      # sim at 1/1000 time, C=32, 100 then 1000 requests
     python bench/bench_vs_peer.py --concurrency 8 --requests 100,300 --output-len 256
     python bench/bench_vs_peer.py --url http://127.0.0.1:8000 --model my-model   # an existing endpoint
 """
@@ -64,7 +64,8 @@ for token in [*".,;:!?'\"-()", *words]:
     vocab.setdefault(token, len(vocab))
 tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
 tok.pre_tokenizer = pre_tokenizers.Whitespace()
-PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(sys.argv[1])
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
+fast.save_pretrained(sys.argv[1])
 """
 
 
@@ -119,13 +120,17 @@ sys.exit(rc if rc is not None else 1)
 """
 
 
-def run_measured(argv: list[str], env: dict[str, str], log_path: Path, core: int | None) -> tuple[float, float]:
+def run_measured(
+    argv: list[str], env: dict[str, str], log_path: Path, core: int | None
+) -> tuple[float, float]:
     """Run argv to completion on `core`; (wall seconds, CPU seconds of its whole process tree)."""
     report = log_path.with_suffix(".rusage.json")
     wrapped = pinned([sys.executable, "-c", REAPER_SCRIPT, str(report), *argv], core)
     with log_path.open("wb") as log:
         started = time.monotonic()
-        done = subprocess.run(wrapped, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            wrapped, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         wall = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"`{shlex.join(argv)}` exited {done.returncode}; see {log_path}")
@@ -138,7 +143,10 @@ def run_measured(argv: list[str], env: dict[str, str], log_path: Path, core: int
 def ensure_peer(venv: Path) -> Path:
     """The peer's python: guidellm installed with pip into `venv` (created when missing)."""
     python = venv / "bin" / "python"
-    if python.exists() and subprocess.run([str(python), "-c", "import guidellm"], capture_output=True).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run([str(python), "-c", "import guidellm"], capture_output=True).returncode == 0
+    ):
         return python
     print(f"installing guidellm into {venv} (pulls torch; several minutes) ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -160,41 +168,72 @@ def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
 
 
 def server_tokens(url: str) -> int | None:
-    """The sim's own count of generated tokens (GET /server_info), when it exposes one."""
+    """The sim's own count of generated tokens (GET /server_info); None for another server."""
     try:
         with urllib.request.urlopen(url + "/server_info", timeout=5) as resp:
             info = json.loads(resp.read())
     except (OSError, ValueError):
         return None
-    counters = info.get("sim") or info.get("sim_counters") or {}
-    for key in ("generated_tokens", "completion_tokens", "output_tokens"):
-        if isinstance(counters.get(key), int):
-            return counters[key]
-    return None
+    tokens = (info.get("sim") or {}).get("counters", {}).get("tokens_generated")
+    return tokens if isinstance(tokens, int) else None
 
 
 def run_ours(args: argparse.Namespace, url: str, n: int, work: Path) -> Run:
     out = work / f"ours-{n}"
     argv = [
-        sys.executable, "-m", "orchestrator.workload.bench", "--url", url, "--concurrency", str(args.concurrency),
-        "--requests", str(n), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-        "--model", args.model, "--warmup", "0", "--timeout", "300", "--out", str(out),
+        sys.executable,
+        "-m",
+        "orchestrator.workload.bench",
+        "--url",
+        url,
+        "--concurrency",
+        str(args.concurrency),
+        "--requests",
+        str(n),
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--model",
+        args.model,
+        "--warmup",
+        "0",
+        "--timeout",
+        "300",
+        "--out",
+        str(out),
     ]
     wall, cpu = run_measured(argv, dict(os.environ), work / f"ours-{n}.log", args.client_core)
     level = json.loads((out / "bench.json").read_text())["levels"][0]
-    return Run("heisenhunt", n, level["requests"], level["errors"], level["output_tokens"], level["duration_s"],
-               wall, cpu)
+    return Run(
+        "heisenhunt",
+        n,
+        level["requests"],
+        level["errors"],
+        level["output_tokens"],
+        level["duration_s"],
+        wall,
+        cpu,
+    )
 
 
 def run_peer(args: argparse.Namespace, python: Path, tokenizer: Path, url: str, n: int, work: Path) -> Run:
     out = work / f"peer-{n}.json"
     scenario = {
         "spec": {
-            "backend": {"kind": "openai_http", "target": url, "model": args.model,
-                        "request_format": "/v1/chat/completions", "validate_backend": False, "timeout": 300},
+            "backend": {
+                "kind": "openai_http",
+                "target": url,
+                "model": args.model,
+                "request_format": "/v1/chat/completions",
+                "validate_backend": False,
+                "timeout": 300,
+            },
             "profile": {"kind": "concurrent", "streams": args.concurrency},
             "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
-            "data": [{"kind": "synthetic_text", "prompt_tokens": args.input_len, "output_tokens": args.output_len}],
+            "data": [
+                {"kind": "synthetic_text", "prompt_tokens": args.input_len, "output_tokens": args.output_len}
+            ],
             "constraints": [{"kind": "max_requests", "count": n}],
             "outputs": [{"kind": "json", "path": str(out)}],
         }
@@ -207,8 +246,16 @@ def run_peer(args: argparse.Namespace, python: Path, tokenizer: Path, url: str, 
     wall, cpu = run_measured(argv, env, work / f"peer-{n}.log", args.client_core)
     bench = json.loads(out.read_text())["benchmarks"][0]
     metrics = bench["metrics"]
-    return Run("guidellm", n, int(metrics["request_totals"]["successful"]), int(metrics["request_totals"]["errored"]),
-               int(metrics["output_token_count"]["successful"]["total_sum"]), float(bench["duration"]), wall, cpu)
+    return Run(
+        "guidellm",
+        n,
+        int(metrics["request_totals"]["successful"]),
+        int(metrics["request_totals"]["errored"]),
+        int(metrics["output_token_count"]["successful"]["total_sum"]),
+        float(bench["duration"]),
+        wall,
+        cpu,
+    )
 
 
 @dataclass
@@ -242,8 +289,14 @@ def main() -> int:
     parser.add_argument("--requests", default="100,1000", help="N_small,N_large per tool")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--time-scale", default="0", help="HEISENHUNT_SIM_TIME_SCALE for the sim (0: no waits)")
-    parser.add_argument("--client-core", type=int, default=0, help="CPU core for the clients (-1: no pinning)")
+    parser.add_argument(
+        "--time-scale",
+        default="0.001",
+        help="HEISENHUNT_SIM_TIME_SCALE for the sim (small: the clients, not the sim's clock, set the pace)",
+    )
+    parser.add_argument(
+        "--client-core", type=int, default=0, help="CPU core for the clients (-1: no pinning)"
+    )
     parser.add_argument("--server-core", type=int, default=1, help="CPU core for the sim (-1: no pinning)")
     parser.add_argument("--peer-venv", type=Path, default=DEFAULT_PEER_VENV)
     parser.add_argument("--work", type=Path, default=None, help="keep logs and outputs here")
@@ -264,10 +317,27 @@ def main() -> int:
         url = args.url
         if url is None:
             port = free_port()
-            argv = pinned([sys.executable, "-m", "orchestrator.sim.server", "--model-path", args.model,
-                           "--host", "127.0.0.1", "--port", str(port)], server_core)
-            pgid = transport.start_detached(argv, {"HEISENHUNT_SIM_TIME_SCALE": args.time_scale},
-                                            str(work / "sim.log"), str(work / "sim.pid"), cwd=str(REPO))
+            argv = pinned(
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator.sim.server",
+                    "--model-path",
+                    args.model,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                server_core,
+            )
+            pgid = transport.start_detached(
+                argv,
+                {"HEISENHUNT_SIM_TIME_SCALE": args.time_scale},
+                str(work / "sim.log"),
+                str(work / "sim.pid"),
+                cwd=str(REPO),
+            )
             url = f"http://127.0.0.1:{port}"
             print(f"sim: {shlex.join(argv)} (pid {pgid})", flush=True)
         wait_healthy(url)
@@ -277,14 +347,20 @@ def main() -> int:
         for n in (n_small, n_large):
             for tool in ("heisenhunt", "guidellm"):
                 before = server_tokens(url)
-                run = run_ours(args, url, n, work) if tool == "heisenhunt" else run_peer(
-                    args, python, tokenizer, url, n, work)
+                run = (
+                    run_ours(args, url, n, work)
+                    if tool == "heisenhunt"
+                    else run_peer(args, python, tokenizer, url, n, work)
+                )
                 after = server_tokens(url)
                 runs[tool, n] = run
                 sim_counts[tool, n] = after - before if before is not None and after is not None else None
-                print(f"{tool:>10} N={n}: {run.requests} ok, {run.errors} err, {run.output_tokens} tokens "
-                      f"(server counted {sim_counts[tool, n]}), {run.duration_s:.2f}s measured, "
-                      f"{run.wall_s:.2f}s wall, {run.cpu_s:.2f}s CPU", flush=True)
+                print(
+                    f"{tool:>10} N={n}: {run.requests} ok, {run.errors} err, {run.output_tokens} tokens "
+                    f"(server counted {sim_counts[tool, n]}), {run.duration_s:.2f}s measured, "
+                    f"{run.wall_s:.2f}s wall, {run.cpu_s:.2f}s CPU",
+                    flush=True,
+                )
     finally:
         if pgid is not None:
             transport.stop_group(pgid)
@@ -300,8 +376,10 @@ def main() -> int:
         ("output tokens per request", ours.tokens_per_request, peer.tokens_per_request),
     ]
     print()
-    print(f"C={args.concurrency}, input ~{args.input_len}, output {args.output_len}, N={n_small}->{n_large}, "
-          f"client core {args.client_core}, server core {server_core}, url {url}")
+    print(
+        f"C={args.concurrency}, input ~{args.input_len}, output {args.output_len}, N={n_small}->{n_large}, "
+        f"client core {args.client_core}, server core {server_core}, url {url}"
+    )
     print(f"{'':32} {'heisenhunt':>12} {'guidellm':>12} {'ours/peer':>10}")
     for name, a, b in rows:
         print(f"{name:32} {a:>12.2f} {b:>12.2f} {a / b:>10.2f}")

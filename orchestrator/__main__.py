@@ -96,10 +96,14 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             _preflight(cfg, plan, transports, tracker)
             deployment.co_restart()
             tracker.log_startup(deployment.startup_s)
-            _workload(cfg, plan, output_dir, tracker)
+            _workload(cfg, plan, output_dir, tracker, deployment)
         except DeployError as e:
             log.error("arm %s failed: %s", label, e)
             tracker.fail(str(e).splitlines()[0], e.log_tail)
+            status = "FAILED"
+        except Exception as e:  # failures are data: record this arm and let the sweep go on
+            log.exception("arm %s failed", label)
+            tracker.fail(f"{type(e).__name__}: {e}")
             status = "FAILED"
         finally:
             problems = deployment.stop_all()
@@ -122,25 +126,25 @@ def _preflight(cfg: DictConfig, plan: ArmPlan, transports: dict, tracker: Any) -
         tracker.log_provenance(role, info)
 
 
-def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any) -> None:
+def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any, deployment: Deployment) -> None:
     from orchestrator.workload.bench import run_bench_sync
-    from orchestrator.workload.stress import run_stress_sync
+    from orchestrator.workload.stress import run_stress_sync, summarize_jsonl
 
     stress_dir = output_dir / "stress"
     w = cfg.workload
     try:
-        run_stress_sync(
+        summary = run_stress_sync(
             url=plan.router_url, sessions=int(w.sessions), rounds=int(w.rounds),
-            concurrency=int(w.concurrency or w.sessions), seed=int(w.seed) + int(cfg.repetition) * 7919,
-            model=str(cfg.deployment.served_model), timeout_s=float(w.timeout_s), out_dir=stress_dir,
-            check_plan=bool(w.check_plan),
+            concurrency=int(w.concurrency) if w.concurrency else None,
+            seed=int(w.seed) + int(cfg.repetition) * 7919, model=str(cfg.deployment.served_model),
+            timeout_s=float(w.timeout_s), out_dir=stress_dir, check_plan=bool(w.check_plan),
         )
-    finally:
-        # whatever completed is kept, also when the stress run was interrupted
-        from orchestrator.workload.stress import summarize_jsonl
-
-        partial = summarize_jsonl(stress_dir / "sessions.jsonl", planned=int(w.sessions))
-        tracker.log_stress(partial, stress_dir)
+    except BaseException:
+        # whatever completed before the interrupt or crash is kept, marked partial by its counts
+        tracker.log_stress(summarize_jsonl(stress_dir / "sessions.jsonl", planned=int(w.sessions)), stress_dir)
+        raise
+    tracker.log_stress(summary, stress_dir)
+    deployment.check_alive("the stress workload")
     if cfg.bench.enabled:
         b = cfg.bench
         bench_dir = output_dir / "bench"
@@ -151,6 +155,7 @@ def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any) ->
             warmup_requests=int(b.warmup_requests), timeout_s=float(b.timeout_s), out_dir=bench_dir,
         )
         tracker.log_bench(result, bench_dir)
+        deployment.check_alive("the throughput sweep")
 
 
 def _collect_logs(deployment: Deployment, output_dir: Path, tracker: Any) -> None:

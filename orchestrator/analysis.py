@@ -65,8 +65,10 @@ class StudySpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudySpec:
-        hyps = tuple(HypothesisSpec(**{k: str(h[k]) for k in ("id", "factor", "statement", "baseline",
-                                                              "treatment")}) for h in data.get("hypotheses", []))
+        hyps = tuple(
+            HypothesisSpec(**{k: str(h[k]) for k in ("id", "factor", "statement", "baseline", "treatment")})
+            for h in data.get("hypotheses", [])
+        )
         return cls(
             name=str(data["name"]),
             baseline={str(k): str(v) for k, v in (data.get("baseline") or {}).items()},
@@ -81,9 +83,15 @@ class StudySpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "description": self.description, "baseline": dict(self.baseline),
-            "hypotheses": [vars(h).copy() for h in self.hypotheses], "alpha": self.alpha, "test": self.test,
-            "min_effect": self.min_effect, "ceiling": self.ceiling, "throughput_floor": self.throughput_floor,
+            "name": self.name,
+            "description": self.description,
+            "baseline": dict(self.baseline),
+            "hypotheses": [vars(h).copy() for h in self.hypotheses],
+            "alpha": self.alpha,
+            "test": self.test,
+            "min_effect": self.min_effect,
+            "ceiling": self.ceiling,
+            "throughput_floor": self.throughput_floor,
         }
 
 
@@ -135,9 +143,9 @@ def clean_float(x: float | None) -> float | None:
 
 
 def arm_label(factors: Mapping[str, str], baseline: Mapping[str, str]) -> str:
-    """"baseline", or the factors that differ from it ("multi_stream=off, capture=eager")."""
+    """ "baseline", or the factors that differ from it ("capture=eager,multi_stream=off")."""
     diff = [f"{k}={v}" for k, v in sorted(factors.items()) if k in baseline and baseline[k] != v]
-    return ", ".join(diff) if diff else BASELINE_LABEL
+    return ",".join(diff) if diff else BASELINE_LABEL
 
 
 def _seed(*parts: Any) -> int:
@@ -158,7 +166,9 @@ def run_used(run: RunRecord, finished_keys: set[tuple[str, int]]) -> bool:
 
 def pool_arms(runs: Sequence[RunRecord], spec: StudySpec) -> list[dict[str, Any]]:
     """One entry per signature: counts pooled over the runs that count, intervals, run list."""
-    finished_keys = {(r.signature, r.repetition) for r in runs if r.status == "FINISHED" and r.outcomes != "none"}
+    finished_keys = {
+        (r.signature, r.repetition) for r in runs if r.status == "FINISHED" and r.outcomes != "none"
+    }
     by_sig: dict[str, list[RunRecord]] = {}
     for run in runs:
         by_sig.setdefault(run.signature, []).append(run)
@@ -174,28 +184,40 @@ def pool_arms(runs: Sequence[RunRecord], spec: StudySpec) -> list[dict[str, Any]
         interrupted = [r for r in used if r.status != "FINISHED" or r.outcomes == "partial"]
         finished = [r for r in group if r.status == "FINISHED"]
         config_run = finished[0] if finished else group[0]
-        arms.append({
-            "label": arm_label(factors, spec.baseline),
-            "signature": sig,
-            "factors": factors,
-            "n": n,
-            "corrupted": k,
-            "clean": n - k,
-            "errored": errored,
-            "rate": (k / n) if n else None,
-            "ci": [lo, hi] if n else None,
-            "upper_bound": hi if n else None,
-            "partial": bool(interrupted),
-            "client_bound": any(r.client_bound for r in finished),
-            "runs": [{
-                "run_id": r.run_id, "repetition": r.repetition, "status": r.status, "outcomes": r.outcomes,
-                "corrupted": r.corrupted, "clean": r.clean, "errored": r.errored, "planned": r.planned,
-                "used": r in used, "reason": r.reason,
-            } for r in group],
-            "facts": _sum_facts(used),
-            "config": config_run.config,
-            "throughput": _arm_throughput(finished),
-        })
+        arms.append(
+            {
+                "label": arm_label(factors, spec.baseline),
+                "signature": sig,
+                "factors": factors,
+                "n": n,
+                "corrupted": k,
+                "clean": n - k,
+                "errored": errored,
+                "rate": (k / n) if n else None,
+                "ci": [lo, hi] if n else None,
+                "upper_bound": hi if n else None,
+                "partial": bool(interrupted),
+                "client_bound": any(r.client_bound for r in finished),
+                "runs": [
+                    {
+                        "run_id": r.run_id,
+                        "repetition": r.repetition,
+                        "status": r.status,
+                        "outcomes": r.outcomes,
+                        "corrupted": r.corrupted,
+                        "clean": r.clean,
+                        "errored": r.errored,
+                        "planned": r.planned,
+                        "used": r in used,
+                        "reason": r.reason,
+                    }
+                    for r in group
+                ],
+                "facts": _sum_facts(used),
+                "config": config_run.config,
+                "throughput": _arm_throughput(finished),
+            }
+        )
     arms.sort(key=lambda a: (a["label"] != BASELINE_LABEL, a["label"], a["signature"]))
     return arms
 
@@ -219,25 +241,32 @@ def _arm_throughput(finished: Sequence[RunRecord]) -> list[dict[str, Any]]:
     for run in finished:
         for lv in run.bench:
             levels.setdefault(lv.concurrency, []).append(lv)
-    return [{
-        "concurrency": c,
-        "runs": len(samples),
-        "tok_s": clean_float(_mean([s.tok_s for s in samples])),
-        "ttft_p50_s": clean_float(_mean([s.ttft_p50_s for s in samples])),
-        "ttft_p99_s": clean_float(_mean([s.ttft_p99_s for s in samples])),
-        "itl_p50_s": clean_float(_mean([s.itl_p50_s for s in samples])),
-        "itl_p99_s": clean_float(_mean([s.itl_p99_s for s in samples])),
-        "errors": sum(s.errors for s in samples),
-    } for c, samples in sorted(levels.items())]
+    return [
+        {
+            "concurrency": c,
+            "runs": len(samples),
+            "tok_s": clean_float(_mean([s.tok_s for s in samples])),
+            "ttft_p50_s": clean_float(_mean([s.ttft_p50_s for s in samples])),
+            "ttft_p99_s": clean_float(_mean([s.ttft_p99_s for s in samples])),
+            "itl_p50_s": clean_float(_mean([s.itl_p50_s for s in samples])),
+            "itl_p99_s": clean_float(_mean([s.itl_p99_s for s in samples])),
+            "errors": sum(s.errors for s in samples),
+        }
+        for c, samples in sorted(levels.items())
+    ]
 
 
-def find_arm(arms: Sequence[dict[str, Any]], levels: Mapping[str, str],
-             like: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+def find_arm(
+    arms: Sequence[dict[str, Any]], levels: Mapping[str, str], like: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     """The arm whose factors match `levels` (on levels' keys) and, for factors outside `levels`, equal
     `like`'s; among several (e.g. a changed deployment), the one with most sessions."""
-    found = [a for a in arms
-             if all(a["factors"].get(k) == v for k, v in levels.items())
-             and all(a["factors"].get(k) == v for k, v in (like or {}).items() if k not in levels)]
+    found = [
+        a
+        for a in arms
+        if all(a["factors"].get(k) == v for k, v in levels.items())
+        and all(a["factors"].get(k) == v for k, v in (like or {}).items() if k not in levels)
+    ]
     found.sort(key=lambda a: (-a["n"], a["signature"]))
     return found[0] if found else None
 
@@ -245,13 +274,20 @@ def find_arm(arms: Sequence[dict[str, Any]], levels: Mapping[str, str],
 # --- hypotheses ------------------------------------------------------------------------------------
 
 
-def judge(k_base: int, n_base: int, k_treat: int, n_treat: int, p_holm: float, spec: StudySpec,
-          family_size: int) -> dict[str, Any]:
+def judge(
+    k_base: int, n_base: int, k_treat: int, n_treat: int, p_holm: float, spec: StudySpec, family_size: int
+) -> dict[str, Any]:
     """The verdict of one comparison, given its Holm-adjusted p (see the module doc)."""
-    out: dict[str, Any] = {"verdict": "inconclusive", "note": "", "sessions_needed_per_arm": None,
-                           "more_sessions": None}
+    out: dict[str, Any] = {
+        "verdict": "inconclusive",
+        "note": "",
+        "sessions_needed_per_arm": None,
+        "more_sessions": None,
+    }
     if n_base == 0 or n_treat == 0:
-        out["note"] = "no sessions with an outcome in the " + ("baseline" if n_base == 0 else "treatment") + " arm"
+        out["note"] = (
+            "no sessions with an outcome in the " + ("baseline" if n_base == 0 else "treatment") + " arm"
+        )
         return out
     p_b, p_t = k_base / n_base, k_treat / n_treat
     lo, hi = stats.newcombe_diff(k_treat, n_treat, k_base, n_base)
@@ -260,15 +296,19 @@ def judge(k_base: int, n_base: int, k_treat: int, n_treat: int, p_holm: float, s
         upper = stats.upper_bound(k_treat, n_treat)
         if upper < spec.ceiling:
             out["verdict"] = "implicated"
-            out["note"] = f"corruption gone: {k_treat}/{n_treat}, upper bound {upper:.2%} < ceiling {spec.ceiling:.0%}"
+            out["note"] = (
+                f"corruption gone: {k_treat}/{n_treat}, upper bound {upper:.2%} < ceiling {spec.ceiling:.0%}"
+            )
         else:
             out["verdict"] = "partial"
             if k_treat:
                 out["note"] = f"significant reduction, but corruption remains: {k_treat}/{n_treat}"
             else:
                 need = stats.sessions_for_ceiling(spec.ceiling)
-                out["note"] = (f"significant reduction, none seen, but the upper bound {upper:.2%} is not under "
-                               f"the ceiling {spec.ceiling:.0%}: {need} treatment sessions would settle it")
+                out["note"] = (
+                    f"significant reduction, none seen, but the upper bound {upper:.2%} is not under "
+                    f"the ceiling {spec.ceiling:.0%}: {need} treatment sessions would settle it"
+                )
                 out["sessions_needed_per_arm"] = need
                 out["more_sessions"] = {"baseline": 0, "treatment": max(0, need - n_treat)}
         return out
@@ -282,8 +322,10 @@ def judge(k_base: int, n_base: int, k_treat: int, n_treat: int, p_holm: float, s
     need = stats.sessions_needed(p_b, spec.min_effect, spec.alpha / max(1, family_size), POWER)
     out["sessions_needed_per_arm"] = need
     out["more_sessions"] = {"baseline": max(0, need - n_base), "treatment": max(0, need - n_treat)}
-    out["note"] = (f"not decided: difference {lo:+.2%} to {hi:+.2%} includes ±{spec.min_effect:.0%}; "
-                   f"{need} sessions per arm would decide it at the baseline rate {p_b:.1%}")
+    out["note"] = (
+        f"not decided: difference {lo:+.2%} to {hi:+.2%} includes ±{spec.min_effect:.0%}; "
+        f"{need} sessions per arm would decide it at the baseline rate {p_b:.1%}"
+    )
     return out
 
 
@@ -297,18 +339,24 @@ def hypotheses(arms: Sequence[dict[str, Any]], spec: StudySpec) -> list[dict[str
         kt, nt = (treat["corrupted"], treat["n"]) if treat else (0, 0)
         p = stats.compare(kb, nb, kt, nt, spec.test)
         diff_ci = stats.newcombe_diff(kt, nt, kb, nb) if nb and nt else None
-        rows.append({
-            "id": h.id, "factor": h.factor, "statement": h.statement, "baseline_level": h.baseline,
-            "treatment_level": h.treatment,
-            "baseline_arm": base_arm["signature"] if base_arm else None,
-            "treatment_arm": treat["signature"] if treat else None,
-            "treatment_label": treat["label"] if treat else f"{h.factor}={h.treatment}",
-            "baseline_counts": [kb, nb], "treatment_counts": [kt, nt],
-            "diff": (kt / nt - kb / nb) if nb and nt else None,
-            "diff_ci": list(diff_ci) if diff_ci else None,
-            "p": p,
-            "test": spec.test,
-        })
+        rows.append(
+            {
+                "id": h.id,
+                "factor": h.factor,
+                "statement": h.statement,
+                "baseline_level": h.baseline,
+                "treatment_level": h.treatment,
+                "baseline_arm": base_arm["signature"] if base_arm else None,
+                "treatment_arm": treat["signature"] if treat else None,
+                "treatment_label": treat["label"] if treat else f"{h.factor}={h.treatment}",
+                "baseline_counts": [kb, nb],
+                "treatment_counts": [kt, nt],
+                "diff": (kt / nt - kb / nb) if nb and nt else None,
+                "diff_ci": list(diff_ci) if diff_ci else None,
+                "p": p,
+                "test": spec.test,
+            }
+        )
     adjusted = stats.holm([r["p"] for r in rows])
     for row, p_holm in zip(rows, adjusted, strict=True):
         row["p_holm"] = p_holm
@@ -327,7 +375,9 @@ def _samples(runs: Sequence[RunRecord], concurrency: int) -> list[LevelSample]:
     return [lv for r in runs if r.status == "FINISHED" for lv in r.bench if lv.concurrency == concurrency]
 
 
-def throughput(runs: Sequence[RunRecord], arms: Sequence[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
+def throughput(
+    runs: Sequence[RunRecord], arms: Sequence[dict[str, Any]], spec: StudySpec
+) -> list[dict[str, Any]]:
     """Each non-baseline arm's tok/s ratio to the baseline arm per level, with a bootstrap interval and
     a throughput verdict: no regression only when every level's lower bound clears the floor and
     neither arm's client self-audit warned."""
@@ -349,12 +399,21 @@ def throughput(runs: Sequence[RunRecord], arms: Sequence[dict[str, Any]], spec: 
             if all(s.request_tokens for s in t + b):
                 ratio = stats.bootstrap_ratio_requests(
                     [(s.request_tokens, s.request_latency_s) for s in t],
-                    [(s.request_tokens, s.request_latency_s) for s in b], N_BOOT, seed)
+                    [(s.request_tokens, s.request_latency_s) for s in b],
+                    N_BOOT,
+                    seed,
+                )
             else:
                 ratio = stats.bootstrap_ratio_runs([s.tok_s for s in t], [s.tok_s for s in b], N_BOOT, seed)
-            levels.append({"concurrency": c, "ratio": clean_float(ratio.point), "ci": [clean_float(ratio.low),
-                           clean_float(ratio.high)], "method": ratio.method,
-                           "clears_floor": ratio.low >= spec.throughput_floor if math.isfinite(ratio.low) else False})
+            levels.append(
+                {
+                    "concurrency": c,
+                    "ratio": clean_float(ratio.point),
+                    "ci": [clean_float(ratio.low), clean_float(ratio.high)],
+                    "method": ratio.method,
+                    "clears_floor": ratio.low >= spec.throughput_floor if math.isfinite(ratio.low) else False,
+                }
+            )
         client_bound = arm["client_bound"] or base["client_bound"]
         if client_bound:
             verdict = "no verdict (client-bound)"
@@ -366,8 +425,15 @@ def throughput(runs: Sequence[RunRecord], arms: Sequence[dict[str, Any]], spec: 
             verdict = "regression"
         else:
             verdict = "inconclusive"
-        rows.append({"arm": arm["signature"], "label": arm["label"], "client_bound": client_bound,
-                     "verdict": verdict, "levels": levels})
+        rows.append(
+            {
+                "arm": arm["signature"],
+                "label": arm["label"],
+                "client_bound": client_bound,
+                "verdict": verdict,
+                "levels": levels,
+            }
+        )
     return rows
 
 
@@ -379,8 +445,9 @@ def _geomean(values: Sequence[float | None]) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else 0.0
 
 
-def choose_deploy(arms: Sequence[dict[str, Any]], hyps: Sequence[dict[str, Any]],
-                  tput: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def choose_deploy(
+    arms: Sequence[dict[str, Any]], hyps: Sequence[dict[str, Any]], tput: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
     """The arm to deploy: an implicated hypothesis' treatment arm, preferring no throughput regression,
     then the highest geometric-mean tok/s ratio, then the lowest corruption upper bound."""
     by_sig = {a["signature"]: a for a in arms}
@@ -398,29 +465,43 @@ def choose_deploy(arms: Sequence[dict[str, Any]], hyps: Sequence[dict[str, Any]]
     best = sorted(candidates, key=rank)[0]
     arm = by_sig[best["treatment_arm"]]
     t = tput_by.get(arm["signature"])
-    return {"arm": arm["signature"], "label": arm["label"], "hypothesis": best["id"], "factors": arm["factors"],
-            "throughput_verdict": t["verdict"] if t else "no throughput data", "config": arm["config"]}
+    return {
+        "arm": arm["signature"],
+        "label": arm["label"],
+        "hypothesis": best["id"],
+        "factors": arm["factors"],
+        "throughput_verdict": t["verdict"] if t else "no throughput data",
+        "config": arm["config"],
+    }
 
 
-def headline(spec: StudySpec, arms: Sequence[dict[str, Any]], hyps: Sequence[dict[str, Any]],
-             deploy: dict[str, Any] | None) -> str:
+def headline(
+    spec: StudySpec,
+    arms: Sequence[dict[str, Any]],
+    hyps: Sequence[dict[str, Any]],
+    deploy: dict[str, Any] | None,
+) -> str:
     base = find_arm(arms, spec.baseline)
     if base is None or not base["n"]:
         return "No verdict: the baseline arm has no sessions with an outcome."
     base_txt = f"baseline corruption {base['corrupted']}/{base['n']} ({base['rate']:.1%})"
     implicated = [h for h in hyps if h["verdict"] == "implicated"]
     if base["corrupted"] == 0:
-        return f"The baseline arm showed no corruption (0/{base['n']}, upper bound {base['upper_bound']:.1%})."
+        return (
+            f"The baseline arm showed no corruption (0/{base['n']}, upper bound {base['upper_bound']:.1%})."
+        )
     if not implicated:
         return f"No hypothesis implicated ({base_txt}); see the inconclusive rows for the sessions needed."
     names = ", ".join(f"{h['id']} ({h['treatment_label']})" for h in implicated)
     text = f"Implicated: {names}; {base_txt}."
     if deploy:
-        text += f" Fix: deploy `{deploy['label']}` ({deploy['throughput_verdict']})."
+        text += f" Fix: deploy `{deploy['label']}` (throughput: {deploy['throughput_verdict']})."
     return text
 
 
-def analyse(spec: StudySpec, runs: Sequence[RunRecord], context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def analyse(
+    spec: StudySpec, runs: Sequence[RunRecord], context: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """report.json's content. `context` carries what the report quotes verbatim (parent run id,
     overrides); it must itself be deterministic."""
     runs = sorted(runs, key=lambda r: (r.signature, r.repetition, r.run_id))
@@ -428,8 +509,16 @@ def analyse(spec: StudySpec, runs: Sequence[RunRecord], context: Mapping[str, An
     hyps = hypotheses(arms, spec)
     tput = throughput(runs, arms, spec)
     deploy = choose_deploy(arms, hyps, tput)
-    problems = [{"arm": a["label"], "signature": a["signature"], **r}
-                for a in arms for r in a["runs"] if r["status"] != "FINISHED" or r["outcomes"] == "partial"]
+    # failed, interrupted, or with errored sessions (a server that died mid-workload): listed with why
+    problems = [
+        {"arm": a["label"], "signature": a["signature"], **r}
+        for a in arms
+        for r in a["runs"]
+        if r["status"] != "FINISHED" or r["outcomes"] == "partial" or r["errored"]
+    ]
+    for p in problems:
+        if not p["reason"] and p["errored"]:
+            p["reason"] = f"{p['errored']} sessions errored (not counted as corruption, not in n)"
     for arm in arms:
         arm["rate"], arm["upper_bound"] = clean_float(arm["rate"]), clean_float(arm["upper_bound"])
     return {

@@ -172,6 +172,14 @@ class Deployment:
             tails = "\n".join(f"[{r}] {self.log_tail(r)[-1500:]}" for r in ("decode", "router"))
             raise DeployError("router", f"warm-up request failed: HTTP {status}: {body[:300]}", tails)
 
+    def check_alive(self, during: str) -> None:
+        """Raise DeployError if a server started for this arm has died (its results are suspect)."""
+        for role in START_ORDER:
+            pid = self.started.get(role)
+            if pid is not None and not self.transports[role].group_alive(pid):
+                raise DeployError(role, f"died during {during}; sessions in flight were counted as errored, "
+                                        f"never as corrupted", self.log_tail(role))
+
     def co_restart(self) -> None:
         """Stop all roles, then start prefill, decode, router, each health-gated; then warm up."""
         self.stop_all()

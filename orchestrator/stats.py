@@ -152,8 +152,9 @@ def _percentile_interval(samples: np.ndarray, confidence: float) -> tuple[float,
     return float(np.percentile(finite, tail)), float(np.percentile(finite, 100 - tail))
 
 
-def _resampled_rate(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_boot: int,
-                    rng: np.random.Generator) -> np.ndarray:
+def _resampled_rate(
+    runs: Sequence[tuple[np.ndarray, np.ndarray]], n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
     """Per replicate: resample runs, then requests within each drawn run; sum tokens / sum latency."""
     n_runs = len(runs)
     tokens = np.zeros(n_boot)
@@ -171,9 +172,13 @@ def _resampled_rate(runs: Sequence[tuple[np.ndarray, np.ndarray]], n_boot: int,
         return tokens / latency
 
 
-def bootstrap_ratio_requests(treat: Sequence[tuple[Sequence[float], Sequence[float]]],
-                             base: Sequence[tuple[Sequence[float], Sequence[float]]],
-                             n_boot: int = 2000, seed: int = 0, confidence: float = CONFIDENCE) -> Ratio:
+def bootstrap_ratio_requests(
+    treat: Sequence[tuple[Sequence[float], Sequence[float]]],
+    base: Sequence[tuple[Sequence[float], Sequence[float]]],
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> Ratio:
     """Throughput ratio treatment/baseline at one concurrency level, from per-request samples.
 
     Each run is (output tokens per request, latency per request). An arm's statistic is its per-stream
@@ -196,8 +201,13 @@ def bootstrap_ratio_requests(treat: Sequence[tuple[Sequence[float], Sequence[flo
     return Ratio(point, lo, hi, "requests")
 
 
-def bootstrap_ratio_runs(treat: Sequence[float], base: Sequence[float], n_boot: int = 2000, seed: int = 0,
-                         confidence: float = CONFIDENCE) -> Ratio:
+def bootstrap_ratio_runs(
+    treat: Sequence[float],
+    base: Sequence[float],
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> Ratio:
     """Throughput ratio of mean tok/s per run, with a percentile bootstrap over runs (the fallback when
     per-request samples are missing; with few runs the interval is coarse, and with one run it is a point)."""
     t = np.asarray([x for x in treat if math.isfinite(x)], float)

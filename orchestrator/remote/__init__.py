@@ -31,7 +31,9 @@ __all__ = [
 
 
 def _kind(host_cfg: Any) -> str:
-    kind = host_cfg.get("transport") if isinstance(host_cfg, Mapping) else getattr(host_cfg, "transport", None)
+    kind = (
+        host_cfg.get("transport") if isinstance(host_cfg, Mapping) else getattr(host_cfg, "transport", None)
+    )
     return str(kind or "local")
 
 

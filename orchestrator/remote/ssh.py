@@ -541,7 +541,9 @@ class SSHTransport(Transport):
                 raise _os_error(e, self.host, path) from e
 
     def write_file(self, path: str, data: bytes) -> None:
-        parent = path.rsplit("/", 1)[0] if "/" in path else "."
+        # relative to the login directory, for the shell (which starts there) as for SFTP
+        rel = _sftp_path(path)
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         if parent:
             self.run(["mkdir", "-p", parent], timeout=30.0)
         # write beside, then rename: a reader never sees a half-written file

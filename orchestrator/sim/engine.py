@@ -38,6 +38,7 @@ class SimCounters:
     busy_time_s: float = 0.0  # wall seconds the decode loop spent in steps (scaled)
     model_time_s: float = 0.0  # modelled GPU seconds of those steps (unscaled)
     decode_steps: int = 0
+    max_batch: int = 0  # largest running batch seen
     captured_steps: int = 0
     eager_steps: int = 0
     requests: int = 0
@@ -140,8 +141,8 @@ class DecodeEngine:
             # absolute deadlines: sleep overshoot does not accumulate, but never catch up more than a step
             now = loop.time()
             clock = max(clock, now - step * self.scale) + step * self.scale
-            if clock > now:
-                await asyncio.sleep(clock - now)
+            # always yield: with time scale 0 a step has no duration but other tasks must run
+            await asyncio.sleep(max(0.0, clock - now))
             self._advance(step, captured, batch)
 
     def _admit(self, request: DecodeRequest, batch: int) -> None:
@@ -166,6 +167,7 @@ class DecodeEngine:
     def _advance(self, step: float, captured: bool, batch: int) -> None:
         c = self.counters
         c.decode_steps += 1
+        c.max_batch = max(c.max_batch, batch)
         c.busy_time_s += step * self.scale
         c.model_time_s += step
         if captured:

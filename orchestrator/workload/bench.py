@@ -261,8 +261,6 @@ async def run_bench(
             result.levels.append(await _run_level(session, config, concurrency, index))
             if out_dir is not None:
                 write_bench(Path(out_dir) / "bench.json", result, config)
-    if out_dir is not None and not result.levels:
-        write_bench(Path(out_dir) / "bench.json", result, config)
     return result
 
 

@@ -101,6 +101,26 @@ def summarize(outcomes: list[SessionOutcome], planned: int, duration_s: float) -
     )
 
 
+def read_outcomes(path: str | Path) -> list[SessionOutcome]:
+    """The outcomes a (possibly interrupted) run wrote; a torn last line is skipped."""
+    outcomes = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            outcomes.append(SessionOutcome.from_dict(json.loads(line)))
+        except (ValueError, TypeError, KeyError):
+            log.warning("skipping an unreadable line of %s", path)
+    return outcomes
+
+
+def summarize_jsonl(path: str | Path, planned: int) -> StressSummary:
+    """The summary of whatever a run wrote to its sessions JSONL, also when it was interrupted."""
+    return summarize(read_outcomes(path), planned, duration_s=0.0)
+
+
 def errors_by_kind(outcomes: list[SessionOutcome]) -> dict[str, int]:
     return dict(
         sorted(Counter((o.error or "").split(":", 1)[0] for o in outcomes if o.status == "errored").items())

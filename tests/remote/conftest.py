@@ -28,8 +28,9 @@ USER = os.environ.get("USER") or __import__("getpass").getuser()
 
 
 def keygen(path: Path, kind: str = "ed25519") -> Path:
-    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "heisenhunt-test", "-f", str(path)],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "heisenhunt-test", "-f", str(path)], check=True
+    )
     return path
 
 
@@ -149,12 +150,14 @@ def run_sshd(d: Path, keys: Keys, address: str, port: int, netns: str | None = N
     authorized.write_text(Path(f"{keys.user}.pub").read_text())
     cfg = _sshd_config(d, address, port, keys.host, authorized)
     log = d / "sshd.log"
-    argv = [SSHD, "-D", "-e", "-f", str(cfg)]
+    # -E: log to the file; with -e the DEBUG lines would leak into the sessions' stderr
+    argv = [SSHD, "-D", "-E", str(log), "-f", str(cfg)]
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
     with log.open("ab") as logf:
-        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     try:
         _wait_banner(address, port, proc, log)
         known = d / "known_hosts"
@@ -260,7 +263,9 @@ def netns_hosts(ssh_keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Ite
                     _check(_ip(*step), step)
             hosts = {
                 role: servers.enter_context(
-                    run_sshd(tmp_path_factory.mktemp(f"sshd-{role}"), ssh_keys, f"{net}.{host}", 22, names[role])
+                    run_sshd(
+                        tmp_path_factory.mktemp(f"sshd-{role}"), ssh_keys, f"{net}.{host}", 22, names[role]
+                    )
                 )
                 for role, host in roles.items()
             }

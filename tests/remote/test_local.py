@@ -27,9 +27,11 @@ def test_make_transport_rejects_unknown_kind() -> None:
 
 
 def test_roles_on_one_local_host_share_a_transport() -> None:
-    ts = make_transports({
-        "prefill": {"transport": "local", "address": "127.0.0.1"},
-        "decode": {"transport": "local", "address": "127.0.0.1"},
-        "router": {"transport": "local", "address": "localhost"},
-    })
+    ts = make_transports(
+        {
+            "prefill": {"transport": "local", "address": "127.0.0.1"},
+            "decode": {"transport": "local", "address": "127.0.0.1"},
+            "router": {"transport": "local", "address": "localhost"},
+        }
+    )
     assert ts["prefill"] is ts["decode"] and ts["router"] is not ts["prefill"]

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
 
 import paramiko
 import pytest
-
 from conftest import SshServer
+from transport_contract import TransportContract, _pgid_members
+
 from orchestrator.remote import SSHTransport, close_all, make_transport, make_transports
 from orchestrator.remote.ssh import (
     AuthenticationFailed,
@@ -27,7 +29,6 @@ from orchestrator.remote.ssh import (
     UnknownHostKey,
     resolve_route,
 )
-from transport_contract import TransportContract, _pgid_members
 
 pytestmark = pytest.mark.ssh
 
@@ -54,8 +55,9 @@ def test_detached_process_survives_the_session_and_is_stopped_from_a_second_conn
     log, pidfile = tmp_path / "srv.log", tmp_path / "srv.pid"
     first = connect(sshd)
     try:
-        pid = first.start_detached(["sh", "-c", "echo started; exec sleep 300"], {"ROLE": "decode"},
-                                   str(log), str(pidfile))
+        pid = first.start_detached(
+            ["sh", "-c", "echo started; exec sleep 300"], {"ROLE": "decode"}, str(log), str(pidfile)
+        )
     finally:
         first.close()
     try:
@@ -85,7 +87,7 @@ def test_fetch_streams_a_remote_file_to_a_local_path(sshd: SshServer, tmp_path: 
     remote.write_bytes(b"x" * 3_000_000 + b"\nend\n")
     with connect(sshd) as t:
         t.fetch(str(remote), tmp_path / "artifacts" / "server.log")
-        with pytest.raises(FileNotFoundError, match="on 127.0.0.1"):
+        with pytest.raises(FileNotFoundError, match=r"on 127\.0\.0\.1"):
             t.fetch(str(tmp_path / "missing.log"), tmp_path / "artifacts" / "missing.log")
     assert (tmp_path / "artifacts" / "server.log").read_bytes() == remote.read_bytes()
 
@@ -99,8 +101,8 @@ def test_home_relative_paths_work_over_sftp(sshd: SshServer) -> None:
             assert (home / name / "f.txt").read_bytes() == b"hi"
             assert t.read_file(f"~/{name}/f.txt") == b"hi"
     finally:
-        (home / name / "f.txt").unlink(missing_ok=True)
-        (home / name).rmdir()
+        shutil.rmtree(home / name, ignore_errors=True)
+    assert not (home / "~").exists()  # `~` was not taken as a directory name
 
 
 # --- one connection, reused; keepalive ------------------------------------------------------------------
@@ -112,34 +114,37 @@ def _accepted(server: SshServer) -> int:
 
 def test_one_connection_serves_many_commands_and_transfers(sshd: SshServer, tmp_path: Path) -> None:
     before = _accepted(sshd)
-    n = 200
+    n = 30
     with connect(sshd) as t:
         t0 = time.monotonic()
         for i in range(n):
             assert t.run_shell(f"echo {i}").stdout == f"{i}\n"
         per_call = (time.monotonic() - t0) / n
-        for i in range(20):
+        for i in range(5):
             t.write_file(str(tmp_path / f"f{i}"), b"%d" % i)
             assert t.read_file(str(tmp_path / f"f{i}")) == b"%d" % i
         assert t.connects == 1
     time.sleep(0.2)  # sshd writes its log line asynchronously
     assert _accepted(sshd) - before == 1
     logging.getLogger(__name__).info("run_shell over SSH: %.1f ms per call", per_call * 1000)
-    assert per_call < 0.25, f"{per_call * 1000:.0f} ms per command over one connection"
+    # sshd runs each command through the login shell (bash reads ~/.bashrc under sshd), so this is
+    # host-dependent; a new handshake per command would show up as extra logins above, not here
+    assert per_call < 1.0, f"{per_call * 1000:.0f} ms per command over one connection"
 
 
 def test_threads_share_the_connection(sshd: SshServer) -> None:
     errors: list[BaseException] = []
-    with connect(sshd, max_sessions=4) as t:
+    with connect(sshd, max_sessions=3) as t:
 
         def work(k: int) -> None:
             try:
-                for i in range(15):
+                for i in range(4):
                     assert t.run_shell(f"echo {k}-{i}").stdout == f"{k}-{i}\n"
             except BaseException as e:  # collected and re-raised in the main thread
                 errors.append(e)
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(10)]
+        # more threads than sessions: the rest wait for a free session instead of being refused
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
         for th in threads:
             th.start()
         for th in threads:
@@ -196,12 +201,15 @@ def test_changed_host_key_is_refused_even_with_accept_new(sshd: SshServer, ssh_k
     assert known.read_text() == sshd.known_hosts_line(ssh_keys.other_host)  # left as it was
 
 
-def test_accept_new_trusts_a_first_seen_host_with_a_warning(sshd: SshServer, tmp_path: Path,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_accept_new_trusts_a_first_seen_host_with_a_warning(
+    sshd: SshServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     known = tmp_path / "new" / "known_hosts"
-    with caplog.at_level(logging.WARNING, logger="orchestrator.remote.ssh"):
-        with connect(sshd, known_hosts=str(known), host_key_policy="accept-new") as t:
-            assert t.run_shell("echo ok").stdout == "ok\n"
+    with (
+        caplog.at_level(logging.WARNING, logger="orchestrator.remote.ssh"),
+        connect(sshd, known_hosts=str(known), host_key_policy="accept-new") as t,
+    ):
+        assert t.run_shell("echo ok").stdout == "ok\n"
     assert any("accept-new" in r.getMessage() and "SHA256:" in r.getMessage() for r in caplog.records)
     entry = paramiko.HostKeys(str(known)).lookup(f"[{sshd.address}]:{sshd.port}")
     assert entry is not None and entry["ssh-ed25519"].get_base64() == sshd.known_hosts_line().split()[2]
@@ -220,7 +228,9 @@ def test_unknown_policy_is_a_config_error(sshd: SshServer) -> None:
 
 def test_wrong_user_key_is_refused(sshd: SshServer, ssh_keys) -> None:
     t0 = time.monotonic()
-    with pytest.raises(AuthenticationFailed, match=rf"authentication failed for user '{sshd.user}'.*other_user"):
+    with pytest.raises(
+        AuthenticationFailed, match=rf"authentication failed for user '{sshd.user}'.*other_user"
+    ):
         connect(sshd, key_file=str(ssh_keys.other_user)).run_shell("true")
     assert time.monotonic() - t0 < 5
 
@@ -235,8 +245,11 @@ def test_missing_key_file_is_a_clear_error_before_connecting(sshd: SshServer, tm
 def test_closed_port_is_unreachable_quickly() -> None:
     from conftest import free_port
 
-    cfg = {"transport": "ssh", "address": "127.0.0.1",
-           "ssh": {"port": free_port(), "connect_timeout_s": 3, "config_file": "/nonexistent"}}
+    cfg = {
+        "transport": "ssh",
+        "address": "127.0.0.1",
+        "ssh": {"port": free_port(), "connect_timeout_s": 3, "config_file": "/nonexistent"},
+    }
     t0 = time.monotonic()
     with pytest.raises(HostUnreachable, match="cannot connect"):
         make_transport(cfg).run_shell("true")
@@ -250,8 +263,11 @@ def test_a_port_that_is_not_ssh_is_unreachable_within_the_timeout() -> None:
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen()
-        cfg = {"transport": "ssh", "address": "127.0.0.1",
-               "ssh": {"port": srv.getsockname()[1], "connect_timeout_s": 1.0, "config_file": "/nonexistent"}}
+        cfg = {
+            "transport": "ssh",
+            "address": "127.0.0.1",
+            "ssh": {"port": srv.getsockname()[1], "connect_timeout_s": 1.0, "config_file": "/nonexistent"},
+        }
         t0 = time.monotonic()
         with pytest.raises(HostUnreachable):
             make_transport(cfg).run_shell("true")
@@ -268,48 +284,56 @@ def _client_config(tmp_path: Path, text: str) -> Path:
 
 
 def test_alias_resolved_from_the_ssh_config_file(sshd: SshServer, tmp_path: Path) -> None:
-    cfg = _client_config(tmp_path, f"""
+    cfg = _client_config(
+        tmp_path,
+        f"""
 Host gpu-node-1
     HostName {sshd.address}
     Port {sshd.port}
     User {sshd.user}
     IdentityFile {sshd.key_file}
     IdentitiesOnly yes
-""")
-    host = {"transport": "ssh", "address": "gpu-node-1",
-            "ssh": {"config_file": str(cfg), "known_hosts": str(sshd.known_hosts)}}
+""",
+    )
+    host = {
+        "transport": "ssh",
+        "address": "gpu-node-1",
+        "ssh": {"config_file": str(cfg), "known_hosts": str(sshd.known_hosts)},
+    }
     with make_transport(host) as t:
         assert t.host == "gpu-node-1"
         assert t.run_shell("echo via-alias").stdout == "via-alias\n"
 
 
 def test_proxy_jump_from_the_ssh_config_tunnels_through_the_bastion(sshd: SshServer, tmp_path: Path) -> None:
-    # bastion and target are the same loopback sshd: the hop is still a real direct-tcpip tunnel
-    cfg = _client_config(tmp_path, f"""
+    # bastion and target are the same loopback sshd: the hop is still a real direct-tcpip tunnel.
+    # The bastion names no key: like the target's other settings, it falls back to the target's key.
+    cfg = _client_config(
+        tmp_path,
+        f"""
 Host bastion
     HostName {sshd.address}
     Port {sshd.port}
     User {sshd.user}
-    IdentityFile {sshd.key_file}
 Host behind
     HostName {sshd.address}
     Port {sshd.port}
+    IdentityFile {sshd.key_file}
     ProxyJump bastion
-""")
+""",
+    )
     mark = len(sshd.log_text())
-    host = {"transport": "ssh", "address": "behind",
-            "ssh": {"config_file": str(cfg), "known_hosts": str(sshd.known_hosts)}}
+    host = {
+        "transport": "ssh",
+        "address": "behind",
+        "ssh": {"config_file": str(cfg), "known_hosts": str(sshd.known_hosts)},
+    }
     with make_transport(host) as t:
         assert [j.alias for j in t.route.jumps] == ["bastion"]
-        # the target had no IdentityFile of its own: it falls back to none, so ssh keys come from
-        # the jump's? No: from its own config entry or ssh.key_file. Here the login uses id_* lookup,
-        # so give the target its key explicitly and check the tunnel.
-    host["ssh"]["key_file"] = str(sshd.key_file)
-    with make_transport(host) as t:
         assert t.run_shell("echo tunnelled").stdout == "tunnelled\n"
-        time.sleep(0.2)
-        assert f"target {sshd.address} port {sshd.port}" in sshd.log_text()[mark:]
-        assert len(t._conn.clients) == 2
+        assert len(t._conn.clients) == 2  # the bastion's connection and the target's inside it
+    time.sleep(0.2)
+    assert f"target {sshd.address} port {sshd.port}" in sshd.log_text()[mark:]
 
 
 def test_proxy_jump_from_the_host_config(sshd: SshServer) -> None:
@@ -358,7 +382,9 @@ Host outer
     assert (ipv6.jumps[0].hostname, ipv6.jumps[0].port, ipv6.jumps[0].user) == ("2001:db8::1", 2222, "u")
 
 
-def test_ssh_local_cluster_config_reaches_every_role(sshd: SshServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ssh_local_cluster_config_reaches_every_role(
+    sshd: SshServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hydra import compose, initialize_config_dir
 
     from orchestrator.config import CONF_DIR, register_configs

@@ -29,7 +29,8 @@ HOSTILE = {
 
 DUMP_ENV = "import json, os, sys; print(json.dumps({k: os.environ.get(k) for k in sys.argv[1:]}))"
 DUMP_ENV_TO_FILE = (
-    "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps({k: os.environ.get(k) for k in sys.argv[2:]}))"
+    "import json, os, sys; "
+    "open(sys.argv[1], 'w').write(json.dumps({k: os.environ.get(k) for k in sys.argv[2:]}))"
 )
 
 
@@ -64,7 +65,9 @@ class TransportContract:
 
     def test_large_output_on_both_streams_does_not_block(self, transport: Transport) -> None:
         # 2 MiB on each stream: a transport reading one stream after the other would deadlock
-        script = "import sys\nfor _ in range(2048):\n    print('o' * 1024)\n    print('e' * 1024, file=sys.stderr)"
+        script = (
+            "import sys\nfor _ in range(2048):\n    print('o' * 1024)\n    print('e' * 1024, file=sys.stderr)"
+        )
         result = transport.run([sys.executable, "-c", script], timeout=60)
         assert len(result.stdout) == len(result.stderr) == 2048 * 1025
 
@@ -88,7 +91,9 @@ class TransportContract:
         out = tmp_path / "detached.json"
         pid = transport.start_detached(
             [sys.executable, "-c", DUMP_ENV_TO_FILE, str(out), *env],
-            env, str(tmp_path / "d.log"), str(tmp_path / "d.pid"),
+            env,
+            str(tmp_path / "d.log"),
+            str(tmp_path / "d.pid"),
         )
         deadline = time.monotonic() + 10
         while transport.is_alive(pid) and time.monotonic() < deadline:
@@ -100,13 +105,17 @@ class TransportContract:
         with pytest.raises(ValueError, match="invalid environment variable name"):
             transport.run(["true"], env={"X; touch /tmp/x": "1"})
 
-    def test_start_detached_writes_pid_and_log_then_stop_by_group(self, transport: Transport,
-                                                                 tmp_path: Path) -> None:
+    def test_start_detached_writes_pid_and_log_then_stop_by_group(
+        self, transport: Transport, tmp_path: Path
+    ) -> None:
         log, pidfile = tmp_path / "w" / "srv.log", tmp_path / "w" / "srv.pid"
         # a parent with a child: stopping must take the whole group
-        script = "import subprocess, time; subprocess.Popen(['sleep', '300']); print('up', flush=True); time.sleep(300)"
-        pid = transport.start_detached([sys.executable, "-c", script], {}, str(log), str(pidfile),
-                                       cwd=str(tmp_path))
+        script = "import subprocess, time; subprocess.Popen(['sleep', '300']); print('up', flush=True); " + (
+            "time.sleep(300)"
+        )
+        pid = transport.start_detached(
+            [sys.executable, "-c", script], {}, str(log), str(pidfile), cwd=str(tmp_path)
+        )
         try:
             assert int(pidfile.read_text()) == pid
             assert os.getpgid(pid) == pid == os.getsid(pid)  # its own session and group

@@ -29,6 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on (just released by the OS)."""
+    return free_port()
+
+
 @dataclass
 class SimServer:
     url: str

@@ -214,9 +214,9 @@ def test_stream_chat_against_the_sim(sim_server):
     assert turn.raw.startswith(b"data: ")
 
 
-def test_connection_refused_is_typed(free_tcp_port):
+def test_connection_refused_is_typed(unused_port):
     with pytest.raises(RequestError) as info:
-        _run(_one_turn(f"http://127.0.0.1:{free_tcp_port}"))
+        _run(_one_turn(f"http://127.0.0.1:{unused_port}"))  # nothing listens there
     assert info.value.kind == "connection_refused"
 
 
@@ -224,3 +224,10 @@ def test_http_error_status_is_typed(sim_server):
     with pytest.raises(RequestError) as info:
         _run(_one_turn(sim_server.url, payload={"messages": "not a list", "model": "m"}))
     assert info.value.kind == "http_status" and 400 <= info.value.status < 500
+
+
+def test_timeout_is_typed(start_sim):
+    slow = start_sim(time_scale=0.25)  # a tool-call turn takes a few hundred ms here
+    with pytest.raises(RequestError) as info:
+        _run(_one_turn(slow.url, timeout=0.02))
+    assert info.value.kind == "timeout"

@@ -128,7 +128,8 @@ def test_audit_thresholds():
     assert "CPU" in audit_warnings(8, 8.0, 0.9, 0.001, 0.05, 0, t)[0]
     assert "lag" in audit_warnings(8, 8.0, 0.1, 0.02, 0.05, 0, t)[0]
     # lag small in absolute terms but large next to the token gaps it distorts
-    assert "ITL" in audit_warnings(8, 8.0, 0.1, 0.004, 0.008, 0, t)[0]
+    assert "ITL" in audit_warnings(8, 8.0, 0.1, 0.005, 0.008, 0, t)[0]
+    assert audit_warnings(8, 8.0, 0.1, 0.003, 0.008, 0, t) == []
     assert audit_warnings(8, 7.0, 0.1, 0.0, math.nan, 0, t)[0].startswith("client: achieved")
 
 

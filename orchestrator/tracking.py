@@ -1,0 +1,583 @@
+"""MLflow tracking: a parent run per multirun (a Hydra callback), a child run per arm, and reading it back.
+
+Layout in MLflow (experiment = the study's name):
+- parent run (tag `heisenhunt.kind=study`): created in `StudyCallback.on_multirun_start` and left
+  RUNNING until `on_multirun_end`, which writes the report, attaches it (`report/`) and ends the run.
+  Its id reaches the jobs explicitly, through `<sweep dir>/.heisenhunt/parent_run_id` and the env var
+  HEISENHUNT_PARENT_RUN_ID, so launchers that run jobs in other processes work too. It carries the
+  study definition (`study/study.json`), from which the report command rebuilds the report.
+  If the sweep never reaches `on_multirun_end` (bad input, Ctrl-C), an exit hook marks it KILLED.
+- child runs (tag `heisenhunt.kind=arm`, `mlflow.parentRunId`): one per arm x repetition, written by
+  `ArmTracker`. Params `factor.<name>` (every factor on every arm, so the compare view lines arms up),
+  `env.<role>.<NAME>` (redacted), `flags.<role>`, `argv.<role>`, `workload.*`, `bench.*`, `signature`.
+  Tags `signature`, `repetition`, `study`, `arm`, `outcomes` (none|partial|complete), `client_bound`,
+  `provenance.<role>.*`, `failure_reason`. Metrics `sessions_*`, `corruption_rate`, `corruption_ci_*`,
+  `tok_s.c<C>`, `ttft_p50_s.c<C>` ... , `startup_s.<role>`, `capture_batches`, `eager_batches`.
+  Artifacts: the resolved config, `stress/` (sessions.jsonl, summary.json, corrupted/), `bench/bench.json`,
+  `logs/`, `failure/`.
+
+Every call goes through an explicit `MlflowClient(tracking_uri=...)`: no global MLflow state. Every
+artifact is scanned for the arm's secret env values and uploaded redacted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shlex
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.analysis import LevelSample, RunRecord, StudySpec, arm_label
+from orchestrator.factors import ArmPlan, flag_words
+from orchestrator.redact import is_secret_name, redact_env, redact_text
+from orchestrator.results import BenchResult, LogFacts, StressSummary
+from orchestrator.stats import clopper_pearson
+
+log = logging.getLogger(__name__)
+
+PARENT_ENV = "HEISENHUNT_PARENT_RUN_ID"
+PARENT_FILE = Path(".heisenhunt") / "parent_run_id"
+KIND = "heisenhunt.kind"
+MAX_TAG = 7900  # MLflow's tag value limit is 8000
+MAX_PARAM = 5900  # and 6000 for params
+PARENT_TAG = "mlflow.parentRunId"
+
+
+# --- shared helpers --------------------------------------------------------------------------------
+
+
+def make_client(uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | None = None) -> str:
+    """The id of the experiment `name`, created if missing (safe when jobs race to create it)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location or None)
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _flatten(prefix: str, node: Any) -> dict[str, str]:
+    if isinstance(node, (DictConfig,)):
+        node = OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping):
+        out: dict[str, str] = {}
+        for key, value in node.items():
+            out.update(_flatten(f"{prefix}.{key}", value))
+        return out
+    return {prefix: "null" if node is None else str(node)}
+
+
+def _iter_runs(
+    client: MlflowClient, experiment_id: str, filter_string: str, order_by: list[str] | None = None
+) -> Iterator[Any]:
+    token = None
+    while True:
+        page = client.search_runs(
+            [experiment_id],
+            filter_string=filter_string,
+            max_results=1000,
+            order_by=order_by,
+            page_token=token,
+        )
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+# --- parent run: the study callback ----------------------------------------------------------------
+
+
+def _sweep_dir(cfg: Any) -> str | None:
+    if cfg is not None:
+        found = (
+            OmegaConf.select(cfg, "hydra.sweep.dir", default=None) if isinstance(cfg, DictConfig) else None
+        )
+        if found:
+            return str(found)
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        try:
+            return str(HydraConfig.get().sweep.dir)
+        except Exception:
+            return None
+    return None
+
+
+def parent_run_id(cfg: Any) -> str | None:
+    """The sweep's parent run: cfg.parent_run_id if set, else $HEISENHUNT_PARENT_RUN_ID, else the file
+    in the sweep dir, else None (a job run on its own)."""
+    explicit = cfg.get("parent_run_id") if cfg is not None and hasattr(cfg, "get") else None
+    if explicit:
+        return str(explicit)
+    if os.environ.get(PARENT_ENV):
+        return os.environ[PARENT_ENV]
+    sweep = _sweep_dir(cfg)
+    if sweep and (Path(sweep) / PARENT_FILE).is_file():
+        return (Path(sweep) / PARENT_FILE).read_text().strip() or None
+    return None
+
+
+class StudyCallback(Callback):
+    """Hydra callback: the parent MLflow run of a multirun, and the report at its end."""
+
+    def __init__(self, **_: Any) -> None:
+        self.run_id: str | None = None
+        self._uri: str | None = None
+        self._saved_env: str | None = None
+        self._ended = False
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.checks import check_local_side
+
+        uri = str(config.tracking.uri)
+        # before the parent run exists: a bad store or reports dir stops the sweep with one clear message
+        check_local_side(uri, str(config.report.dir))
+        client = make_client(uri)
+        study = str(config.study.name)
+        exp_id = ensure_experiment(client, study, config.tracking.get("artifact_location"))
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        overrides = [str(o) for o in (config.hydra.overrides.get("task") or [])]
+        sweeper = config.hydra.get("sweeper") or {}
+        design = (
+            str(sweeper.get("design") if sweeper.get("params") else sweeper.get("default_design", "")) or "?"
+        )
+        spec = StudySpec.from_dict(OmegaConf.to_container(config.study, resolve=True))  # type: ignore[arg-type]
+        tags = {
+            KIND: "study",
+            "study": study,
+            "sweep_dir": str(sweep_dir),
+            "design": design,
+            "overrides": json.dumps(overrides)[:MAX_TAG],
+            "mlflow.note.content": spec.description[:MAX_TAG],
+        }
+        run = client.create_run(exp_id, tags=tags, run_name=f"{study} {sweep_dir.name}")
+        self.run_id, self._uri, self._ended = run.info.run_id, uri, False
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "study.json"
+            path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True))
+            client.log_artifact(self.run_id, str(path), "study")
+        (sweep_dir / PARENT_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_FILE).write_text(self.run_id + "\n")
+        self._saved_env = os.environ.get(PARENT_ENV)
+        os.environ[PARENT_ENV] = self.run_id
+        atexit.register(self._abandoned)
+        log.info("MLflow: study %s, parent run %s (%s)", study, self.run_id, uri)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.run_id is None or self._uri is None:
+            return
+        from orchestrator.report import build_report
+
+        client = make_client(self._uri)
+        status = RunStatus.to_string(RunStatus.FINISHED)
+        try:
+            paths = build_report(
+                self._uri,
+                str(config.study.name),
+                Path(str(config.report.dir)),
+                plots=bool(config.report.plots),
+            )
+            for path in paths:
+                client.log_artifact(self.run_id, str(path), "report")
+            log.info("report: %s", paths[0])
+        except Exception as e:
+            log.exception("the report could not be built")
+            client.set_tag(self.run_id, "failure_reason", f"report: {type(e).__name__}: {e}"[:MAX_TAG])
+            status = RunStatus.to_string(RunStatus.FAILED)
+        finally:
+            client.set_terminated(self.run_id, status)
+            self._ended = True
+            self._restore_env()
+            atexit.unregister(self._abandoned)
+
+    def _restore_env(self) -> None:
+        if self._saved_env is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = self._saved_env
+
+    def _abandoned(self) -> None:
+        """At exit without on_multirun_end (the sweep raised or was interrupted): end the parent KILLED."""
+        if self._ended or self.run_id is None or self._uri is None:
+            return
+        try:
+            client = make_client(self._uri)
+            client.set_tag(self.run_id, "failure_reason", "the multirun ended before on_multirun_end")
+            client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.KILLED))
+        except Exception:
+            log.exception("could not mark parent run %s KILLED", self.run_id)
+        self._ended = True
+
+
+# --- child runs: one per arm -----------------------------------------------------------------------
+
+
+class ArmTracker:
+    """One MLflow child run per arm x repetition. Use as a context manager:
+
+        with ArmTracker.start(cfg, plan, repetition, parent_run_id(cfg)) as tracker:
+            tracker.log_stress(summary, out_dir) ...
+
+    On exit: FINISHED, or KILLED on KeyboardInterrupt/SystemExit, or FAILED on any other exception
+    (the reason recorded, the exception re-raised). `fail()` ends it FAILED early; later calls still log.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str, secrets: Mapping[str, str]):
+        self.client = client
+        self.run_id = run_id
+        self._secrets = dict(secrets)
+        self._ended = False
+        self.status: str = "RUNNING"
+
+    @classmethod
+    def start(cls, cfg: DictConfig, plan: ArmPlan, repetition: int, parent_run_id: str | None) -> ArmTracker:
+        client = make_client(str(cfg.tracking.uri))
+        study = str(cfg.study.name)
+        exp_id = ensure_experiment(client, study, cfg.tracking.get("artifact_location"))
+        baseline = {str(k): str(v) for k, v in (cfg.study.get("baseline") or {}).items()}
+        label = arm_label(plan.factors, baseline)
+        tags = {
+            KIND: "arm",
+            "study": study,
+            "signature": plan.signature,
+            "repetition": str(int(repetition)),
+            "arm": label,
+            "outcomes": "none",
+        }
+        if parent_run_id:
+            tags[PARENT_TAG] = parent_run_id
+        run = client.create_run(exp_id, tags=tags, run_name=f"{label} #{int(repetition)}")
+        secrets = {
+            name: value
+            for role in plan.roles.values()
+            for name, value in role.env.items()
+            if is_secret_name(name)
+        }
+        tracker = cls(client, run.info.run_id, secrets)
+        tracker._log_params(cfg, plan)
+        return tracker
+
+    # params are immutable in MLflow: logged once, at start
+    def _log_params(self, cfg: DictConfig, plan: ArmPlan) -> None:
+        params = {f"factor.{name}": level for name, level in sorted(plan.factors.items())}
+        params["signature"] = plan.signature
+        for role, rp in sorted(plan.roles.items()):
+            for name, value in sorted(redact_env(rp.env).items()):
+                params[f"env.{role}.{name}"] = value
+            params[f"flags.{role}"] = shlex.join(flag_words(rp.flags))
+            params[f"argv.{role}"] = self.redact(shlex.join(rp.argv))
+        params.update(_flatten("workload", cfg.get("workload") or {}))
+        params.update(_flatten("bench", cfg.get("bench") or {}))
+        items = [Param(k, self.redact(v)[:MAX_PARAM]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def redact(self, text: str) -> str:
+        return redact_text(text, self._secrets)
+
+    def _metrics(self, values: Mapping[str, float]) -> None:
+        now = _now_ms()
+        items = [
+            Metric(k, float(v), now, 0)
+            for k, v in values.items()
+            if v is not None and float(v) == float(v) and abs(float(v)) != float("inf")
+        ]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
+
+    def _tags(self, tags: Mapping[str, Any]) -> None:
+        items = [RunTag(k, self.redact(str(v))[:MAX_TAG]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i : i + 100])
+
+    def log_provenance(self, role: str, info: Mapping[str, Any]) -> None:
+        self._tags({f"provenance.{role}.{key}": value for key, value in info.items()})
+
+    def log_startup(self, seconds_by_role: Mapping[str, float]) -> None:
+        self._metrics({f"startup_s.{role}": s for role, s in seconds_by_role.items()})
+
+    def log_stress(self, summary: StressSummary, out_dir: Path | None) -> None:
+        """Counts, rate and its exact interval; partial when fewer sessions than planned have an outcome."""
+        n = summary.clean + summary.corrupted
+        lo, hi = clopper_pearson(summary.corrupted, n)
+        metrics = {
+            "sessions_total": summary.sessions,
+            "sessions_clean": summary.clean,
+            "sessions_corrupted": summary.corrupted,
+            "sessions_errored": summary.errored,
+            "sessions_planned": summary.planned,
+            "stress_duration_s": summary.duration_s,
+        }
+        if n:
+            metrics |= {
+                "corruption_rate": summary.corrupted / n,
+                "corruption_ci_low": lo,
+                "corruption_ci_high": hi,
+            }
+        metrics |= {f"detector.{name}": count for name, count in summary.by_detector.items()}
+        self._metrics(metrics)
+        self._tags({"outcomes": "partial" if summary.partial else "complete"})
+        if out_dir is None:
+            return
+        out_dir = Path(out_dir)
+        for name in ("sessions.jsonl", "summary.json"):
+            if (out_dir / name).is_file():
+                self.log_artifact(out_dir / name, "stress")
+        corrupted = out_dir / "corrupted"
+        if corrupted.is_dir():
+            for path in sorted(corrupted.iterdir()):
+                if path.is_file():
+                    self.log_artifact(path, "stress/corrupted")
+
+    def log_bench(self, result: BenchResult, out_dir: Path | None) -> None:
+        metrics: dict[str, float] = {}
+        for lv in result.levels:
+            c = f"c{lv.concurrency}"
+            metrics |= {
+                f"tok_s.{c}": lv.output_tok_s,
+                f"req_s.{c}": lv.request_s,
+                f"errors.{c}": lv.errors,
+                f"ttft_p50_s.{c}": lv.ttft_s.p50,
+                f"ttft_p99_s.{c}": lv.ttft_s.p99,
+                f"itl_p50_s.{c}": lv.itl_s.p50,
+                f"itl_p99_s.{c}": lv.itl_s.p99,
+                f"tpot_p50_s.{c}": lv.tpot_s.p50,
+                f"achieved_concurrency.{c}": lv.achieved_concurrency,
+                f"missing_usage.{c}": lv.missing_usage,
+            }
+        self._metrics(metrics)
+        warnings = [f"c{lv.concurrency}: {w}" for lv in result.levels for w in lv.warnings]
+        self._tags(
+            {
+                "client_bound": str(result.client_bound).lower(),
+                "bench": "logged",
+                **({"bench_warnings": "; ".join(warnings)} if warnings else {}),
+            }
+        )
+        path = Path(out_dir) / "bench.json" if out_dir is not None else None
+        if path is not None and path.is_file():
+            self.log_artifact(path, "bench")
+            return
+        from dataclasses import asdict
+
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp_path = Path(tmp) / "bench.json"
+            data = {"client_bound": result.client_bound, "levels": [asdict(lv) for lv in result.levels]}
+            tmp_path.write_text(json.dumps(data, indent=1))
+            self.log_artifact(tmp_path, "bench")
+
+    def log_facts(self, facts: LogFacts) -> None:
+        self._metrics(
+            {
+                "capture_batches": facts.capture_batches,
+                "eager_batches": facts.eager_batches,
+                "bootstrap_failures": facts.bootstrap_failures,
+                "graph_capture_seen": int(facts.graph_capture_seen),
+                "server_ready": int(facts.ready),
+            }
+        )
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file (or a directory's files), with the arm's secret values redacted from text."""
+        path = Path(path)
+        if path.is_dir():
+            for child in sorted(path.rglob("*")):
+                if child.is_file():
+                    rel = child.parent.relative_to(path).as_posix()
+                    sub = "/".join(p for p in (artifact_path, path.name, "" if rel == "." else rel) if p)
+                    self.log_artifact(child, sub)
+            return
+        if not path.is_file():
+            log.warning("artifact %s does not exist; not logged", path)
+            return
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            text = None
+        clean = self.redact(text) if text is not None else None
+        if clean is None or clean == text:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / path.name
+            copy.write_text(clean)
+            self.client.log_artifact(self.run_id, str(copy), artifact_path)
+
+    def fail(self, reason: str, log_tail: str = "") -> None:
+        """End the run FAILED now, with the reason as a tag and, with the log tail, as failure/failure.txt."""
+        self._tags({"failure_reason": reason})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "failure.txt"
+            path.write_text(reason + ("\n\n--- log tail ---\n" + log_tail if log_tail else "") + "\n")
+            self.log_artifact(path, "failure")
+        self._end("FAILED")
+
+    def _end(self, status: str) -> None:
+        if not self._ended:
+            self.client.set_terminated(self.run_id, status)
+            self._ended, self.status = True, status
+
+    def __enter__(self) -> ArmTracker:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if self._ended:
+            return False
+        if exc_type is None:
+            self._end("FINISHED")
+        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            self._tags({"failure_reason": f"interrupted ({exc_type.__name__})"})
+            self._end("KILLED")
+        else:
+            self.fail(f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb)))
+        return False
+
+
+# --- reading back ----------------------------------------------------------------------------------
+
+
+def finished_runs(uri: str, study: str) -> set[tuple[str, int]]:
+    """(signature, repetition) of every FINISHED arm run of the study, for resume."""
+    client = make_client(uri)
+    exp = client.get_experiment_by_name(study)
+    if exp is None:
+        return set()
+    runs = _iter_runs(client, exp.experiment_id, f"tags.`{KIND}` = 'arm' and attributes.status = 'FINISHED'")
+    return {(r.data.tags["signature"], int(r.data.tags["repetition"])) for r in runs}
+
+
+def _bench_levels(client: MlflowClient, run_id: str, tmp: Path) -> tuple[LevelSample, ...]:
+    try:
+        path = client.download_artifacts(run_id, "bench/bench.json", str(tmp))
+    except (MlflowException, OSError) as e:
+        log.warning("run %s: bench.json unreadable (%s); throughput from metrics only", run_id, e)
+        return ()
+    data = json.loads(Path(path).read_text())
+    levels = []
+    for raw in data.get("levels", []):
+        levels.append(
+            LevelSample(
+                concurrency=int(raw["concurrency"]),
+                tok_s=float(raw["output_tok_s"]),
+                ttft_p50_s=float(raw["ttft_s"]["p50"]),
+                ttft_p99_s=float(raw["ttft_s"]["p99"]),
+                itl_p50_s=float(raw["itl_s"]["p50"]),
+                itl_p99_s=float(raw["itl_s"]["p99"]),
+                errors=int(raw.get("errors", 0)),
+                request_tokens=tuple(float(x) for x in raw.get("request_tokens") or ()),
+                request_latency_s=tuple(float(x) for x in raw.get("request_latency_s") or ()),
+            )
+        )
+    return tuple(sorted(levels, key=lambda lv: lv.concurrency))
+
+
+def _bench_from_metrics(metrics: Mapping[str, float]) -> tuple[LevelSample, ...]:
+    levels = []
+    for key, value in metrics.items():
+        if key.startswith("tok_s.c"):
+            c = key.removeprefix("tok_s.")
+            levels.append(
+                LevelSample(
+                    concurrency=int(c[1:]),
+                    tok_s=value,
+                    ttft_p50_s=metrics.get(f"ttft_p50_s.{c}", float("nan")),
+                    ttft_p99_s=metrics.get(f"ttft_p99_s.{c}", float("nan")),
+                    itl_p50_s=metrics.get(f"itl_p50_s.{c}", float("nan")),
+                    itl_p99_s=metrics.get(f"itl_p99_s.{c}", float("nan")),
+                    errors=int(metrics.get(f"errors.{c}", 0)),
+                )
+            )
+    return tuple(sorted(levels, key=lambda lv: lv.concurrency))
+
+
+def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    config: dict[str, dict[str, Any]] = {}
+    for key, value in params.items():
+        kind, _, rest = key.partition(".")
+        if kind == "env":
+            role, _, name = rest.partition(".")
+            config.setdefault(role, {"env": {}, "flags": "", "argv": ""})["env"][name] = value
+        elif kind in ("flags", "argv"):
+            config.setdefault(rest, {"env": {}, "flags": "", "argv": ""})[kind] = value
+    bench: tuple[LevelSample, ...] = ()
+    if tags.get("bench") == "logged" and run.info.status == "FINISHED":
+        bench = _bench_levels(client, run.info.run_id, tmp / run.info.run_id) or _bench_from_metrics(metrics)
+    outcomes = tags.get("outcomes", "none")
+    return RunRecord(
+        run_id=run.info.run_id,
+        status=run.info.status,
+        signature=tags.get("signature", params.get("signature", "?")),
+        repetition=int(tags.get("repetition", 0)),
+        factors={k.removeprefix("factor."): v for k, v in sorted(params.items()) if k.startswith("factor.")},
+        outcomes=outcomes if outcomes in ("partial", "complete") else "none",
+        clean=int(metrics.get("sessions_clean", 0)),
+        corrupted=int(metrics.get("sessions_corrupted", 0)),
+        errored=int(metrics.get("sessions_errored", 0)),
+        planned=int(metrics.get("sessions_planned", 0)),
+        reason=tags.get("failure_reason", ""),
+        client_bound=tags.get("client_bound") == "true",
+        bench=bench,
+        config={role: config[role] for role in sorted(config)},
+        facts={
+            k: float(metrics[k])
+            for k in ("capture_batches", "eager_batches", "bootstrap_failures")
+            if k in metrics
+        },
+    )
+
+
+def load_study(uri: str, study: str) -> tuple[StudySpec, dict[str, Any], list[RunRecord]]:
+    """The study definition (from its latest parent run), the report context, and every arm run."""
+    client = make_client(uri)
+    exp = client.get_experiment_by_name(study)
+    if exp is None:
+        raise LookupError(f"no MLflow experiment named {study!r} at {uri}")
+    parents = list(
+        _iter_runs(
+            client, exp.experiment_id, f"tags.`{KIND}` = 'study'", order_by=["attributes.start_time DESC"]
+        )
+    )
+    if not parents:
+        raise LookupError(f"experiment {study!r} at {uri} has no study run (made by StudyCallback)")
+    parent = parents[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = client.download_artifacts(parent.info.run_id, "study/study.json", tmp)
+        spec = StudySpec.from_dict(json.loads(Path(spec_path).read_text()))
+        runs = [
+            _record(client, r, Path(tmp))
+            for r in _iter_runs(client, exp.experiment_id, f"tags.`{KIND}` = 'arm'")
+        ]
+    context = {
+        "parent_run_id": parent.info.run_id,
+        "overrides": json.loads(parent.data.tags.get("overrides", "[]")),
+        "design": parent.data.tags.get("design", ""),
+    }
+    return spec, context, runs

@@ -1,0 +1,87 @@
+"""The built-in fault model and throughput model, measured end to end through the real router.
+
+Slow: each study arm is a co-restarted deployment driven by 60 concurrent sessions x 4 rounds (time
+scale 0.05), averaged over repetitions; the throughput curve runs at time scale 1.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import pytest
+from simkit import BASELINE, FIXED, Arm, bench_level, count, run_sessions, sim_counters
+
+SESSIONS, ROUNDS = 60, 4
+
+
+def corruption_rates(c, reps: int) -> list[float]:
+    """Corrupted fraction per repetition; checks every corrupted session is one the sim corrupted."""
+    rates = []
+    for rep in range(reps):
+        before = sim_counters(c.procs["decode"].url)
+        outcomes = asyncio.run(run_sessions(c.router_url, SESSIONS, ROUNDS, seed=1000 + rep))
+        after = sim_counters(c.procs["decode"].url)
+        assert count(outcomes, "errored") == 0, [o.reason for o in outcomes if o.status == "errored"][:3]
+        # a session ends at its first bad turn, and every corrupted turn is detectable: the counts agree
+        assert count(outcomes, "corrupted") == after["corrupted_turns"] - before["corrupted_turns"]
+        rates.append(count(outcomes, "corrupted") / SESSIONS)
+    return rates
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arm", "low", "high"), [(BASELINE, 0.13, 0.18), (Arm(hicache=False), 0.03, 0.07)])
+def test_corrupting_arms_land_in_the_original_bands(cluster, arm, low, high):
+    c = cluster(time_scale=0.05)
+    c.start_all(arm)
+    rates = corruption_rates(c, reps=20)
+    mean = sum(rates) / len(rates)
+    assert low <= mean <= high, rates
+    assert sim_counters(c.procs["decode"].url)["max_batch"] >= 40  # the sessions really ran concurrently
+
+
+OTHER_ARMS = [
+    Arm(capture=cap, bf16_index_k=bf16, multi_stream=ms, hicache=hc)
+    for cap, bf16, ms, hc in itertools.product((True, False), repeat=4)
+    if not (cap and bf16 and ms)
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arm", OTHER_ARMS, ids=str)
+def test_every_other_arm_never_corrupts(cluster, arm):
+    c = cluster(time_scale=0.05)
+    c.start_all(arm)
+    assert corruption_rates(c, reps=1) == [0.0]
+    counters = sim_counters(c.procs["decode"].url)
+    assert counters["max_batch"] >= 40 and counters["corrupted_turns"] == 0
+
+
+@pytest.mark.slow
+def test_clean_model_gives_zero_corrupted_in_1000_sessions(cluster, tmp_path: Path):
+    clean = tmp_path / "clean.yaml"
+    clean.write_text("version: 1\nname: clean\nrules: []\n")
+    c = cluster(time_scale=0.05, fault_model=str(clean))
+    c.start_all(BASELINE)  # the configuration the built-in model corrupts most
+    outcomes = asyncio.run(run_sessions(c.router_url, 1000, ROUNDS, seed=7, concurrency=64))
+    assert (count(outcomes, "clean"), count(outcomes, "corrupted"), count(outcomes, "errored")) == (1000, 0, 0)
+    assert sim_counters(c.procs["decode"].url)["max_batch"] >= 40
+
+
+@pytest.mark.slow
+def test_fixed_arm_throughput_curve_matches_the_calibration(cluster):
+    c = cluster(time_scale=1.0)
+    c.start_all(FIXED)
+    targets = {1: 53, 8: 280, 32: 561, 64: 657}
+    for concurrency, target in targets.items():
+        before = sim_counters(c.procs["decode"].url)
+        level = asyncio.run(bench_level(c.router_url, concurrency, 2 * concurrency, output_len=64))
+        after = sim_counters(c.procs["decode"].url)
+        assert level.errors == 0 and level.output_tokens == 2 * concurrency * 64
+        assert level.tok_s == pytest.approx(target, rel=0.10), (concurrency, level)
+        # the client's count agrees with the sim's own account of its work
+        generated = after["tokens_generated"] - before["tokens_generated"]
+        busy = after["busy_time_s"] - before["busy_time_s"]
+        assert generated == level.output_tokens
+        assert level.tok_s == pytest.approx(generated / busy, rel=0.05)

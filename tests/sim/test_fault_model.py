@@ -1,0 +1,149 @@
+"""The fault model, the env/flag parsing and the throughput model: pure functions, no processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.sim.args import parse_args
+from orchestrator.sim.envs import effective_env, parse_env_bool
+from orchestrator.sim.faults import (
+    BUILTIN_PATH,
+    FaultModelError,
+    RoleConfig,
+    load_fault_model,
+    validate_fault_model,
+)
+from orchestrator.sim.server import parse_time_scale
+
+
+def role(mode: str, argv: list[str], env: dict[str, str]) -> RoleConfig:
+    args = parse_args(["--model-path", "m", "--disaggregation-mode", mode, *argv])
+    return RoleConfig(mode, effective_env(env)[0], vars(args))
+
+
+def pair(capture=True, bf16=True, multi_stream=True, hicache=True) -> tuple[RoleConfig, RoleConfig]:
+    b = "1" if bf16 else "0"
+    prefill = role("prefill", ["--enable-hierarchical-cache"] if hicache else [], {"SGLANG_DSV4_BF16_INDEX_K": b})
+    decode = role("decode", [] if capture else ["--disable-cuda-graph"],
+                  {"SGLANG_DSV4_BF16_INDEX_K": b, "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "1" if multi_stream else "0"})
+    return prefill, decode
+
+
+@pytest.mark.parametrize(("raw", "value", "warns"), [
+    ("1", True, False), ("TRUE", True, False), ("yes", True, False), ("Y", True, False),
+    ("0", False, False), ("False", False, False), ("no", False, False), ("n", False, False),
+    ("", True, True), ("maybe", True, True), ("2", True, True), (None, True, False),
+])
+def test_env_bool_follows_sglang(raw, value, warns):
+    got, warning = parse_env_bool(raw, default=True)
+    assert got is value
+    assert (warning is not None) is warns
+
+
+def test_effective_env_keeps_default_and_warns_on_garbage():
+    values, warnings = effective_env({"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "off",
+                                      "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "x", "SGLANG_DSV4_BF16_INDEX_K": "1"})
+    assert values["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] is True  # default kept
+    assert values["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == 300
+    assert values["SGLANG_DSV4_BF16_INDEX_K"] is True
+    assert len(warnings) == 2 and "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP" in warnings[0]
+
+
+def test_unknown_flag_is_an_argparse_error_exit_2():
+    done = subprocess.run([sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--no-such-flag"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in done.stderr
+
+
+def test_time_scale_parsing():
+    assert parse_time_scale(None) == 1.0
+    assert parse_time_scale("0.05") == 0.05
+    for bad in ("-1", "abc", "inf"):
+        with pytest.raises(ValueError, match="HEISENHUNT_SIM_TIME_SCALE"):
+            parse_time_scale(bad)
+
+
+def test_builtin_rules_match_only_the_story():
+    model = load_fault_model()
+    assert model.source == str(BUILTIN_PATH)
+    assert model.rule_for(*pair()).name == "overlap-race-hicache"
+    assert model.rule_for(*pair(hicache=False)).name == "overlap-race-no-hicache"
+    for other in (dict(capture=False), dict(bf16=False), dict(multi_stream=False),
+                  dict(capture=False, hicache=False), dict(bf16=False, multi_stream=False, hicache=False)):
+        assert model.rule_for(*pair(**other)) is None, other
+
+
+def test_probability_grows_with_batch_and_batch_one_never_corrupts():
+    model = load_fault_model()
+    for rule in model.rules:
+        assert rule.probability(1) == 0.0
+        values = [rule.probability(b) for b in (2, 4, 8, 16, 32, 60, 64, 200)]
+        assert values == sorted(values) and values[0] > 0
+    hicache, no_hicache = model.rules
+    assert all(hicache.probability(b) > no_hicache.probability(b) for b in (8, 32, 60))
+
+
+def test_throughput_model_hits_the_calibration_points():
+    tp = load_fault_model().throughput
+    # the fixed arm: multi-stream off, captured up to bs 32, eager above (C64)
+    measured = {c: c / tp.step_s(c, captured=c <= 32, multi_stream=False) for c in (1, 8, 32, 64)}
+    for c, target in {1: 53, 8: 280, 32: 561, 64: 657}.items():
+        assert measured[c] == pytest.approx(target, rel=0.01)
+    assert tp.step_s(8, True, multi_stream=True) > tp.step_s(8, True, multi_stream=False)  # costs a little
+    assert tp.step_s(8, False, False) > tp.step_s(8, True, False)  # eager is slower
+    assert tp.step_s(200, False, False) > tp.step_s(64, False, False)  # extrapolated past the last point
+
+
+def test_clean_model_and_throughput_defaults(tmp_path: Path):
+    path = tmp_path / "clean.yaml"
+    path.write_text("version: 1\nname: clean\nrules: []\n")
+    model = load_fault_model(path)
+    assert model.rules == () and model.rule_for(*pair()) is None
+    assert model.throughput == load_fault_model().throughput  # missing throughput: the built-in's
+
+
+@pytest.mark.parametrize(("mutate", "names"), [
+    (lambda d: d.update(colour=1), ["top level", "'colour'", "accepted: version, name"]),
+    (lambda d: d.update(version=2), ["version", "accepted: 1"]),
+    (lambda d: d["rules"][0]["when"].update({"decode.env.SGLANG_NOPE": True}),
+     ["rules[0] (overlap-race-hicache).when", "'decode.env.SGLANG_NOPE'", "SGLANG_DSV4_BF16_INDEX_K"]),
+    (lambda d: d["rules"][0]["when"].update({"router.args.port": 1}), ["unknown key 'router.args.port'", "prefill, decode"]),
+    (lambda d: d["rules"][0]["when"].update({"decode.args.disable_cuda_graph": "no"}),
+     ["when.decode.args.disable_cuda_graph", "expected bool"]),
+    (lambda d: d["rules"][0].update(probability=[[1, 0.0], [8, 1.5]]), ["probability[1]", "between 0 and 1"]),
+    (lambda d: d["rules"][0].update(probability=[[8, 0.1], [4, 0.2]]), ["probability[1]", "ascending"]),
+    (lambda d: d["rules"][0].update(shapes={"gibberish": 1}), ["shapes", "'gibberish'", "truncated_arguments"]),
+    (lambda d: d["rules"][0].update(shapes={"invalid_json": 0}), ["shapes", "weight > 0"]),
+    (lambda d: d["rules"][0].pop("when"), ["rules[0]", "missing required key 'when'"]),
+    (lambda d: d["rules"][1].update(name=d["rules"][0]["name"]), ["used twice"]),
+    (lambda d: d["throughput"].update(graph_step_ms=[[1, 0]]), ["throughput.graph_step_ms[0]", "> 0 ms"]),
+    (lambda d: d["throughput"].update(startup_s=-1), ["throughput.startup_s", ">= 0"]),
+    (lambda d: d["throughput"].update(warp=9), ["throughput", "'warp'", "multi_stream_overhead"]),
+])
+def test_invalid_models_name_the_bad_key_and_what_is_accepted(tmp_path: Path, mutate, names):
+    data = yaml.safe_load(BUILTIN_PATH.read_text())
+    mutate(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(FaultModelError) as info:
+        load_fault_model(path)
+    message = str(info.value)
+    assert str(path) in message
+    for part in names:
+        assert part in message
+
+
+def test_unreadable_and_non_yaml_files(tmp_path: Path):
+    with pytest.raises(FaultModelError, match="cannot read"):
+        load_fault_model(tmp_path / "missing.yaml")
+    (tmp_path / "x.yaml").write_text("rules: [\n")
+    with pytest.raises(FaultModelError, match="not valid YAML"):
+        load_fault_model(tmp_path / "x.yaml")
+    with pytest.raises(FaultModelError, match="expected a mapping"):
+        validate_fault_model(["rules"])

@@ -1,0 +1,394 @@
+"""The report: markdown rendered from small literal inputs, and the whole path through a real MLflow store
+(callback -> arms -> report at on_multirun_end -> the same report.json rebuilt by the CLI from MLflow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator.factors import plan_arm
+from orchestrator.report import dumps, launch_command, render_markdown
+from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
+from orchestrator.tracking import ArmTracker, StudyCallback
+
+LITERAL = {
+    "schema": 1,
+    "study": {
+        "name": "tiny",
+        "description": "Corruption under load.",
+        "baseline": {"ms": "on"},
+        "alpha": 0.05,
+        "test": "fisher",
+        "min_effect": 0.05,
+        "ceiling": 0.03,
+        "throughput_floor": 0.95,
+        "hypotheses": [
+            {"id": "H-ms", "factor": "ms", "statement": "needs ms", "baseline": "on", "treatment": "off"}
+        ],
+    },
+    "context": {"parent_run_id": "p1", "overrides": ["+experiment=tiny", "workload.sessions=60"]},
+    "headline": "Implicated: H-ms (ms=off); baseline corruption 27/180 (15.0%).",
+    "confidence": 0.95,
+    "arms": [
+        {
+            "label": "baseline",
+            "signature": "aaa",
+            "factors": {"ms": "on"},
+            "n": 180,
+            "corrupted": 27,
+            "clean": 153,
+            "errored": 1,
+            "rate": 0.15,
+            "ci": [0.101, 0.211],
+            "upper_bound": 0.211,
+            "partial": False,
+            "client_bound": False,
+            "facts": {"capture_batches": 400.0, "eager_batches": 40.0},
+            "runs": [
+                {
+                    "run_id": "r1",
+                    "repetition": 0,
+                    "status": "FINISHED",
+                    "outcomes": "complete",
+                    "corrupted": 27,
+                    "clean": 153,
+                    "errored": 1,
+                    "planned": 181,
+                    "used": True,
+                    "reason": "",
+                }
+            ],
+            "config": {},
+            "throughput": [
+                {
+                    "concurrency": 8,
+                    "runs": 1,
+                    "tok_s": 280.0,
+                    "ttft_p50_s": 0.1,
+                    "ttft_p99_s": 0.3,
+                    "itl_p50_s": 0.01,
+                    "itl_p99_s": 0.02,
+                    "errors": 0,
+                }
+            ],
+        },
+        {
+            "label": "ms=off",
+            "signature": "bbb",
+            "factors": {"ms": "off"},
+            "n": 180,
+            "corrupted": 0,
+            "clean": 180,
+            "errored": 0,
+            "rate": 0.0,
+            "ci": [0.0, 0.0203],
+            "upper_bound": 0.0203,
+            "partial": True,
+            "client_bound": False,
+            "facts": {},
+            "runs": [
+                {
+                    "run_id": "r2",
+                    "repetition": 0,
+                    "status": "KILLED",
+                    "outcomes": "partial",
+                    "corrupted": 0,
+                    "clean": 20,
+                    "errored": 0,
+                    "planned": 60,
+                    "used": True,
+                    "reason": "interrupted (KeyboardInterrupt)",
+                }
+            ],
+            "config": {
+                "decode": {
+                    "env": {"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0", "HF_TOKEN": "***"},
+                    "flags": "--tp 8",
+                    "argv": "python -m sglang.launch_server --tp 8",
+                }
+            },
+            "throughput": [
+                {
+                    "concurrency": 8,
+                    "runs": 1,
+                    "tok_s": 279.0,
+                    "ttft_p50_s": 0.1,
+                    "ttft_p99_s": 0.3,
+                    "itl_p50_s": 0.011,
+                    "itl_p99_s": 0.021,
+                    "errors": 0,
+                }
+            ],
+        },
+    ],
+    "hypotheses": [
+        {
+            "id": "H-ms",
+            "factor": "ms",
+            "statement": "needs ms",
+            "baseline_level": "on",
+            "treatment_level": "off",
+            "baseline_arm": "aaa",
+            "treatment_arm": "bbb",
+            "treatment_label": "ms=off",
+            "baseline_counts": [27, 180],
+            "treatment_counts": [0, 180],
+            "diff": -0.15,
+            "diff_ci": [-0.2087, -0.0975],
+            "p": 1.2e-9,
+            "p_holm": 1.2e-9,
+            "test": "fisher",
+            "verdict": "implicated",
+            "note": "corruption gone",
+            "sessions_needed_per_arm": None,
+            "more_sessions": None,
+        }
+    ],
+    "throughput": [
+        {
+            "arm": "bbb",
+            "label": "ms=off",
+            "client_bound": False,
+            "verdict": "no regression",
+            "levels": [
+                {
+                    "concurrency": 8,
+                    "ratio": 0.996,
+                    "ci": [0.97, 1.02],
+                    "method": "requests",
+                    "clears_floor": True,
+                }
+            ],
+        }
+    ],
+    "problem_runs": [
+        {
+            "arm": "ms=off",
+            "signature": "bbb",
+            "run_id": "r2",
+            "repetition": 0,
+            "status": "KILLED",
+            "outcomes": "partial",
+            "corrupted": 0,
+            "clean": 20,
+            "errored": 0,
+            "planned": 60,
+            "used": True,
+            "reason": "interrupted (KeyboardInterrupt)",
+        }
+    ],
+    "deploy": {
+        "arm": "bbb",
+        "label": "ms=off",
+        "hypothesis": "H-ms",
+        "factors": {"ms": "off"},
+        "throughput_verdict": "no regression",
+        "config": {
+            "decode": {
+                "env": {"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0", "HF_TOKEN": "***"},
+                "flags": "--tp 8",
+                "argv": "python -m sglang.launch_server --tp 8",
+            }
+        },
+    },
+}
+
+
+def test_render_markdown_on_a_literal_report():
+    md = render_markdown(LITERAL, "sqlite:///mlruns.db")
+    lines = md.splitlines()
+    assert lines[0] == "# tiny: Implicated: H-ms (ms=off); baseline corruption 27/180 (15.0%)."
+    hyp_row = next(line for line in lines if line.startswith("| H-ms"))
+    cells = [c.strip() for c in hyp_row.strip("|").split("|")]
+    assert cells[1:5] == ["ms: on → off", "27/180", "0/180", "[-20.9, -9.8] pp"]
+    assert cells[5:8] == ["1.20e-09", "1.20e-09", "**implicated**"]
+    arm_row = next(line for line in lines if line.startswith("| baseline"))
+    assert "27/180" in arm_row and "15.0%" in arm_row and "[10.1%, 21.1%]" in arm_row and "400/40" in arm_row
+    assert next(line for line in lines if line.startswith("| ms=off")).rstrip().endswith("| partial |")
+    assert "**ms=off** vs baseline: no regression" in md
+    tput_row = next(line for line in lines if line.startswith("| 8 |"))
+    assert "| 280 | 279 | 0.996 | [0.970, 1.020] |" in tput_row
+    failed = md.split("## Failed and partial runs")[1].split("##")[0]
+    assert "KILLED" in failed and "interrupted (KeyboardInterrupt)" in failed and "0/20/0 of 60" in failed
+    deploy = md.split("## Configuration to deploy")[1].split("## Reproduce")[0]
+    assert (
+        "env HF_TOKEN='***' SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0 python -m sglang.launch_server --tp 8"
+        in deploy
+    )
+    repro = md.split("## Reproduce")[1]
+    assert "python -m orchestrator -m +experiment=tiny workload.sessions=60" in repro
+    assert (
+        "python -m orchestrator.report --tracking-uri sqlite:///mlruns.db --study tiny --out reports" in repro
+    )
+    assert "mlflow ui --backend-store-uri sqlite:///mlruns.db" in repro
+
+
+def test_render_without_a_fix_or_problems():
+    report = json.loads(json.dumps(LITERAL))
+    report["deploy"], report["problem_runs"], report["throughput"] = None, [], []
+    md = render_markdown(report)
+    assert "nothing to deploy yet" in md
+    assert "None: every run finished." in md
+    assert "No throughput comparison" in md
+
+
+def test_dumps_is_stable_and_refuses_nan():
+    shuffled = dict(reversed(list(LITERAL.items())))
+    assert dumps(shuffled) == dumps(LITERAL)
+    with pytest.raises(ValueError):
+        dumps({"x": float("nan")})
+
+
+def test_launch_command_quotes_values():
+    assert launch_command({"env": {"A": "x y"}, "argv": "srv --p 1"}) == "env A='x y' srv --p 1"
+    assert launch_command({"env": {}, "argv": "srv"}) == "srv"
+
+
+# --- the whole path through MLflow -----------------------------------------------------------------
+
+
+def _stress(out: Path, corrupted: int, clean: int, planned: int | None = None) -> StressSummary:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [
+        SessionOutcome(f"s{i}", "corrupted" if i < corrupted else "clean", 4, 4).to_dict()
+        for i in range(corrupted + clean)
+    ]
+    (out / "sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    total = corrupted + clean
+    return StressSummary(
+        sessions=total, clean=clean, corrupted=corrupted, errored=0, planned=planned or total
+    )
+
+
+def _bench(seed: int) -> BenchResult:
+    levels = []
+    for c in (1, 8, 32):
+        latency = [1.0 + ((i * 7 + seed) % 11) / 50 for i in range(2 * c)]
+        tokens = [64] * (2 * c)
+        p = Percentiles(0.1, 0.1, 0.2, 0.3)
+        levels.append(
+            LevelResult(
+                concurrency=c,
+                requests=2 * c,
+                errors=0,
+                missing_usage=0,
+                duration_s=2.0,
+                output_tokens=sum(tokens),
+                output_tok_s=c * sum(tokens) / sum(latency),
+                request_s=c / 1.1,
+                ttft_s=p,
+                itl_s=p,
+                tpot_s=p,
+                achieved_concurrency=c,
+                client_cpu_s=0.1,
+                loop_lag_p99_s=0.001,
+                request_tokens=tokens,
+                request_latency_s=latency,
+            )
+        )
+    return BenchResult(levels=levels)
+
+
+def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, tmp_path):
+    overrides = (f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.sweep.dir={tmp_path}/sweep")
+    cfg = compose_cfg(*overrides)
+    callback = StudyCallback()
+    callback.on_multirun_start(cfg)
+    parent = callback.run_id
+    arms = [
+        ((), 9, 51, 0),
+        ((), 8, 52, 1),
+        (("factor/multi_stream=off",), 0, 60, 0),
+        (("factor/multi_stream=off",), 0, 60, 1),
+    ]
+    for extra, corrupted, clean, rep in arms:
+        job = compose_cfg(*overrides, *extra)
+        with ArmTracker.start(job, plan_arm(job), rep, parent) as tracker:
+            out = tmp_path / f"arm{len(extra)}{rep}"
+            tracker.log_stress(_stress(out, corrupted, clean), out)
+            tracker.log_bench(_bench(rep), None)
+    job = compose_cfg(*overrides, "factor/multi_stream=off")
+    with pytest.raises(KeyboardInterrupt), ArmTracker.start(job, plan_arm(job), 2, parent) as tracker:
+        tracker.log_stress(_stress(tmp_path / "killed", 0, 20, planned=60), tmp_path / "killed")
+        raise KeyboardInterrupt
+    job = compose_cfg(*overrides, "factor/capture=eager")
+    with ArmTracker.start(job, plan_arm(job), 0, parent) as tracker:
+        tracker.fail("decode did not become healthy within 60 s", "Traceback ...")
+
+    callback.on_multirun_end(cfg)
+
+    reports = Path(str(cfg.report.dir))
+    target = reports / str(cfg.study.name)
+    written = (target / "report.json").read_text()
+    report = json.loads(written)
+    (h,) = report["hypotheses"]
+    assert (h["id"], h["verdict"], h["baseline_counts"], h["treatment_counts"]) == (
+        "H-multistream",
+        "implicated",
+        [17, 120],
+        [0, 140],
+    )
+    arms_by = {a["label"]: a for a in report["arms"]}
+    assert arms_by["multi_stream=off"]["partial"] is True
+    assert arms_by["capture=eager"]["n"] == 0
+    assert report["deploy"]["label"] == "multi_stream=off"
+    assert report["context"]["parent_run_id"] == parent
+    md = (target / "report.md").read_text()
+    assert "decode did not become healthy within 60 s" in md and "FAILED" in md
+    assert (target / "corruption.png").stat().st_size > 1000 and (
+        target / "throughput.png"
+    ).stat().st_size > 1000
+
+    client = MlflowClient(tracking_uri=str(cfg.tracking.uri))
+    assert client.get_run(parent).info.status == "FINISHED"
+    attached = {a.path for a in client.list_artifacts(parent, "report")}
+    assert {"report/report.md", "report/report.json", "report/corruption.png"} <= attached
+
+    shutil.rmtree(reports)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.report",
+            "--tracking-uri",
+            str(cfg.tracking.uri),
+            "--study",
+            str(cfg.study.name),
+            "--out",
+            str(reports),
+            "--no-plots",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Implicated: H-multistream" in proc.stdout
+    assert (target / "report.json").read_text() == written
+
+
+def test_report_cli_names_a_missing_study(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.report",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/empty.db",
+            "--study",
+            "nope",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "no MLflow experiment named 'nope'" in proc.stderr

@@ -1,0 +1,81 @@
+"""End to end: real multiruns of `python -m orchestrator` on the embedded default, into tmp_path.
+
+These start real processes (the simulated PD servers, the real sglang-router), send real traffic over
+loopback and write a real MLflow sqlite store; they are the slow part of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.conftest import local_cluster_overrides
+
+SMALL = ["workload.sessions=12", "workload.rounds=2", "bench.concurrency=[1,4]", "bench.requests_per_worker=2",
+         "bench.output_len=16", "bench.input_len=64"]
+
+
+def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "orchestrator", *local_cluster_overrides(tmp_path),
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+            f"hydra.sweep.dir={tmp_path}/multirun", *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"orchestrator did not finish within {timeout}s:\n{out[-5000:]}")
+    return out
+
+
+def runs(tmp_path: Path, study: str):
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name(study)
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id])
+
+
+def no_servers_left(tmp_path: Path) -> list[str]:
+    """Processes of ours still running: any pid named by a pid file, or anything on our work dirs."""
+    left = []
+    for pid_file in tmp_path.glob("*/*.pid"):
+        pid = int(pid_file.read_text().strip())
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+            if state != "Z":
+                left.append(f"{pid_file}: {pid}")
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+    return left
+
+
+@pytest.mark.slow
+def test_a_two_factor_multirun_runs_every_arm_and_reports(tmp_path):
+    proc = orchestrator(tmp_path, "-m", "factor/multi_stream=on,off", "factor/capture=graph,eager", *SMALL)
+    out = finish(proc, 600)
+    assert proc.returncode == 0, out[-5000:]
+    children = [r for r in runs(tmp_path, "quick") if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 4, out[-3000:]
+    assert {r.info.status for r in children} == {"FINISHED"}
+    assert {(r.data.params["factor.multi_stream"], r.data.params["factor.capture"]) for r in children} == {
+        ("on", "graph"), ("on", "eager"), ("off", "graph"), ("off", "eager")}
+    # the same param keys on every arm: MLflow's compare view lines them up
+    assert len({frozenset(r.data.params) for r in children}) == 1
+    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
+    assert {h["id"] for h in report["hypotheses"]} == {"H-multistream"}
+    assert not no_servers_left(tmp_path)

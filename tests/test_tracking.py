@@ -1,0 +1,283 @@
+"""MLflow tracking on a real sqlite store under tmp_path: child runs, statuses, parent hand-off, read-back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator.factors import plan_arm
+from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
+from orchestrator.tracking import (
+    PARENT_ENV,
+    PARENT_FILE,
+    ArmTracker,
+    StudyCallback,
+    finished_runs,
+    load_study,
+    parent_run_id,
+)
+
+SECRET = "hf_s3cretvalue42"
+
+
+@pytest.fixture
+def cfg_for(compose_cfg, tmp_path):
+    """cfg_for(*overrides): a job config with MLflow artifacts under tmp_path."""
+
+    def make(*overrides: str):
+        return compose_cfg(
+            f"tracking.artifact_location={tmp_path}/artifacts",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+            *overrides,
+        )
+
+    return make
+
+
+def client_for(cfg) -> MlflowClient:
+    return MlflowClient(tracking_uri=str(cfg.tracking.uri))
+
+
+def write_stress(
+    out: Path, corrupted: int, clean: int, errored: int = 0, planned: int | None = None
+) -> StressSummary:
+    """Per-session JSONL, summary.json and corrupted transcripts, as the stress run writes them."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corrupted").mkdir(exist_ok=True)
+    lines = []
+    for i in range(corrupted + clean + errored):
+        status = "corrupted" if i < corrupted else "clean" if i < corrupted + clean else "errored"
+        outcome = SessionOutcome(
+            session_id=f"s{i}",
+            status=status,
+            rounds=4,
+            rounds_done=4 if status == "clean" else 1,
+            error="HTTP 503" if status == "errored" else None,
+        )
+        lines.append(json.dumps(outcome.to_dict()))
+        if status == "corrupted":
+            (out / "corrupted" / f"s{i}.json").write_text(json.dumps({"session": f"s{i}", "raw": '{"broken'}))
+    (out / "sessions.jsonl").write_text("\n".join(lines) + "\n")
+    total = corrupted + clean + errored
+    summary = StressSummary(
+        sessions=total,
+        clean=clean,
+        corrupted=corrupted,
+        errored=errored,
+        planned=planned if planned is not None else total,
+        by_detector={"malformed_json": corrupted},
+    )
+    (out / "summary.json").write_text(json.dumps(vars(summary)))
+    return summary
+
+
+def pct(v: float) -> Percentiles:
+    return Percentiles(mean=v, p50=v, p90=v * 1.5, p99=v * 2)
+
+
+def bench_result(speed: float = 1.0, warn: bool = False, levels=(1, 8)) -> BenchResult:
+    out = []
+    for c in levels:
+        tokens = [64] * (4 * c)
+        latency = [(1.0 + 0.01 * i % 3) / speed for i in range(4 * c)]
+        out.append(
+            LevelResult(
+                concurrency=c,
+                requests=4 * c,
+                errors=0,
+                missing_usage=0,
+                duration_s=4.0,
+                output_tokens=sum(tokens),
+                output_tok_s=c * sum(tokens) / sum(latency),
+                request_s=c / 1.0,
+                ttft_s=pct(0.05),
+                itl_s=pct(0.01),
+                tpot_s=pct(0.012),
+                achieved_concurrency=float(c),
+                client_cpu_s=0.1,
+                loop_lag_p99_s=0.001,
+                warnings=["client CPU saturated"] if warn else [],
+                request_tokens=tokens,
+                request_latency_s=latency,
+            )
+        )
+    return BenchResult(levels=out)
+
+
+def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
+    runs = {}
+    for overrides in ((), ("factor/multi_stream=off",)):
+        cfg = cfg_for(*overrides)
+        plan = plan_arm(cfg)
+        with ArmTracker.start(cfg, plan, 1, "parent123") as tracker:
+            tracker.log_provenance("decode", {"git_sha": "abc123", "dirty": False})
+            tracker.log_startup({"prefill": 1.5, "decode": 2.0})
+        runs[plan.signature] = client_for(cfg).get_run(tracker.run_id)
+    base, off = sorted(runs.values(), key=lambda r: r.data.params["factor.multi_stream"] == "off")
+    factor_keys = {k for k in base.data.params if k.startswith("factor.")}
+    assert factor_keys == {k for k in off.data.params if k.startswith("factor.")}
+    assert {"factor.capture", "factor.index_k", "factor.multi_stream", "factor.hicache"} <= factor_keys
+    assert off.data.params["factor.multi_stream"] == "off" and base.data.params["factor.multi_stream"] == "on"
+    assert off.data.params["env.decode.SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "0"
+    assert base.data.params["env.decode.SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "1"
+    # every level of a factor sets the same names here, so the compare view lines up every param
+    assert set(base.data.params) == set(off.data.params)
+    for run in (base, off):
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == "parent123"
+        assert run.data.tags["repetition"] == "1"
+        assert run.data.tags["signature"] == run.data.params["signature"]
+        assert run.data.tags["provenance.decode.git_sha"] == "abc123"
+        assert run.data.metrics["startup_s.decode"] == 2.0
+        assert "workload.sessions" in run.data.params and "bench.concurrency" in run.data.params
+        assert "--disaggregation-mode" in run.data.params["argv.decode"]
+    assert base.data.tags["arm"] == "baseline" and off.data.tags["arm"] == "multi_stream=off"
+
+
+def test_failed_and_killed_statuses(cfg_for):
+    cfg = cfg_for()
+    plan = plan_arm(cfg)
+    client = client_for(cfg)
+
+    with pytest.raises(RuntimeError, match="boom"), ArmTracker.start(cfg, plan, 0, None) as crashed:
+        raise RuntimeError("boom")
+    run = client.get_run(crashed.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failure_reason"] == "RuntimeError: boom"
+    failure = Path(client.download_artifacts(crashed.run_id, "failure/failure.txt"))
+    assert "Traceback" in failure.read_text()
+
+    with pytest.raises(KeyboardInterrupt), ArmTracker.start(cfg, plan, 1, None) as killed:
+        raise KeyboardInterrupt
+    assert client.get_run(killed.run_id).info.status == "KILLED"
+
+    with ArmTracker.start(cfg, plan, 2, None) as failed:
+        failed.fail("decode did not become healthy within 600 s", "line 1\nCUDA error: out of memory\n")
+        failed.log_startup({"decode": 600.0})  # still logs after fail(); the status stays FAILED
+    run = client.get_run(failed.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failure_reason"].startswith("decode did not become healthy")
+    text = Path(client.download_artifacts(failed.run_id, "failure/failure.txt")).read_text()
+    assert "CUDA error: out of memory" in text
+
+    with ArmTracker.start(cfg, plan, 3, None) as ok:
+        pass
+    assert client.get_run(ok.run_id).info.status == "FINISHED"
+    assert finished_runs(str(cfg.tracking.uri), str(cfg.study.name)) == {(plan.signature, 3)}
+    assert finished_runs(str(cfg.tracking.uri), "no-such-study") == set()
+
+
+def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
+    cfg = cfg_for(f"+deployment.roles.decode.env.HF_TOKEN={SECRET}")
+    plan = plan_arm(cfg)
+    log_file = tmp_path / "decode.log"
+    log_file.write_text(f"starting with token {SECRET}\nready\n")
+    with ArmTracker.start(cfg, plan, 0, None) as tracker:
+        tracker.log_artifact(log_file, "server_logs")
+        tracker.fail(f"auth failed for {SECRET}", f"tail {SECRET}")
+    client = client_for(cfg)
+    run = client.get_run(tracker.run_id)
+    assert run.data.params["env.decode.HF_TOKEN"] == "***"
+    dumped = json.dumps([run.data.params, run.data.tags])
+    assert SECRET not in dumped
+    logged = Path(client.download_artifacts(tracker.run_id, "server_logs/decode.log")).read_text()
+    assert SECRET not in logged and "starting with token ***" in logged
+    failure = Path(client.download_artifacts(tracker.run_id, "failure/failure.txt")).read_text()
+    assert SECRET not in failure and "tail ***" in failure
+
+
+def test_interrupted_stress_keeps_partial_outcomes(cfg_for, tmp_path):
+    cfg = cfg_for()
+    plan = plan_arm(cfg)
+    summary = write_stress(tmp_path / "stress", corrupted=3, clean=20, errored=2, planned=60)
+    with pytest.raises(KeyboardInterrupt), ArmTracker.start(cfg, plan, 0, None) as tracker:
+        tracker.log_stress(summary, tmp_path / "stress")
+        raise KeyboardInterrupt
+    client = client_for(cfg)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["outcomes"] == "partial"
+    m = run.data.metrics
+    assert (m["sessions_corrupted"], m["sessions_clean"], m["sessions_errored"], m["sessions_planned"]) == (
+        3,
+        20,
+        2,
+        60,
+    )
+    assert m["corruption_rate"] == pytest.approx(3 / 23)
+    names = {a.path for a in client.list_artifacts(tracker.run_id, "stress")}
+    assert {"stress/sessions.jsonl", "stress/summary.json", "stress/corrupted"} <= names
+    assert len(client.list_artifacts(tracker.run_id, "stress/corrupted")) == 3
+    jsonl = Path(client.download_artifacts(tracker.run_id, "stress/sessions.jsonl")).read_text().splitlines()
+    assert len(jsonl) == 25 and SessionOutcome.from_dict(json.loads(jsonl[0])).status == "corrupted"
+
+
+def test_bench_metrics_and_read_back(cfg_for, tmp_path):
+    cfg = cfg_for()
+    plan = plan_arm(cfg)
+    callback = StudyCallback()
+    callback.on_multirun_start(cfg)
+    try:
+        with ArmTracker.start(cfg, plan, 0, callback.run_id) as tracker:
+            tracker.log_stress(write_stress(tmp_path / "s", 2, 58), tmp_path / "s")
+            tracker.log_bench(bench_result(warn=True), None)
+    finally:
+        callback._ended = True  # no report here; keep the parent open
+        callback._restore_env()
+    run = client_for(cfg).get_run(tracker.run_id)
+    assert run.data.tags["client_bound"] == "true"
+    assert "client CPU saturated" in run.data.tags["bench_warnings"]
+    assert run.data.metrics["tok_s.c8"] == pytest.approx(bench_result().levels[1].output_tok_s)
+    assert run.data.metrics["ttft_p99_s.c1"] == pytest.approx(0.1)
+    spec, context, records = load_study(str(cfg.tracking.uri), str(cfg.study.name))
+    assert spec.name == cfg.study.name and [h.id for h in spec.hypotheses] == ["H-multistream"]
+    assert context["parent_run_id"] == callback.run_id
+    (rec,) = records
+    assert (rec.status, rec.outcomes, rec.corrupted, rec.clean, rec.client_bound) == (
+        "FINISHED",
+        "complete",
+        2,
+        58,
+        True,
+    )
+    assert [lv.concurrency for lv in rec.bench] == [1, 8]
+    assert len(rec.bench[1].request_tokens) == 32 and rec.bench[1].tok_s == pytest.approx(
+        run.data.metrics["tok_s.c8"]
+    )
+    assert rec.factors["multi_stream"] == "on"
+    assert rec.config["decode"]["env"]["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "1"
+    assert "--cuda-graph-max-bs" in rec.config["decode"]["flags"]
+
+
+def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    cfg = cfg_for()
+    callback = StudyCallback()
+    callback.on_multirun_start(cfg)
+    try:
+        sweep_file = Path(str(cfg.hydra.sweep.dir)) / PARENT_FILE
+        assert sweep_file.read_text().strip() == callback.run_id
+        assert parent_run_id(cfg) == callback.run_id  # from the env var
+        monkeypatch.delenv(PARENT_ENV)
+        assert (
+            parent_run_id(cfg) == callback.run_id
+        )  # from the file, as a launcher in another process sees it
+        cfg.parent_run_id = "explicit"
+        assert parent_run_id(cfg) == "explicit"
+        cfg.parent_run_id = None
+        parent = client_for(cfg).get_run(callback.run_id)
+        assert parent.info.status == "RUNNING"
+        assert parent.data.tags["heisenhunt.kind"] == "study"
+        assert parent.data.tags["sweep_dir"] == str(cfg.hydra.sweep.dir)
+        assert "factor/multi_stream" not in json.loads(parent.data.tags["overrides"])
+    finally:
+        callback._abandoned()  # what the exit hook does when a sweep dies before on_multirun_end
+        callback._restore_env()
+    assert client_for(cfg).get_run(callback.run_id).info.status == "KILLED"
+    assert PARENT_ENV not in __import__("os").environ
+    # no sweep, no env, no explicit id: a job run on its own has no parent
+    cfg.hydra.sweep.dir = "/nonexistent/sweep"
+    assert parent_run_id(cfg) is None
