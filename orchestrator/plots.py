@@ -42,6 +42,9 @@ def throughput_plot(report: dict[str, Any], path: Path) -> Path:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o", label=arm["label"])
     ax.set_xscale("log", base=2)
+    levels = sorted({lv["concurrency"] for arm in report["arms"] for lv in arm["throughput"]})
+    if levels:
+        ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tok/s")
     ax.set_title(f"{report['study']['name']}: throughput per arm")

@@ -116,6 +116,16 @@ def test_pooling_by_signature_excludes_errored_and_superseded_runs():
     eager = arms["capture=eager"]
     assert (eager["n"], eager["rate"], eager["ci"]) == (0, None, None)
     assert eager["runs"][0]["reason"] == "health timeout"
+    # the report lists every run that failed, was interrupted or lost sessions to errors, with why
+    problems = {(p["arm"], p["repetition"], p["status"]): p for p in analyse(SPEC, runs)["problem_runs"]}
+    assert set(problems) == {
+        ("baseline", 0, "FINISHED"),
+        ("baseline", 2, "KILLED"),
+        ("multi_stream=off", 0, "KILLED"),
+        ("capture=eager", 0, "FAILED"),
+    }
+    assert "2 sessions errored" in problems["baseline", 0, "FINISHED"]["reason"]
+    assert problems["baseline", 2, "KILLED"]["used"] is False
 
 
 def test_treatment_is_the_arm_that_differs_only_in_that_factor():

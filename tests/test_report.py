@@ -392,3 +392,64 @@ def test_report_cli_names_a_missing_study(tmp_path):
     )
     assert proc.returncode == 2
     assert "no MLflow experiment named 'nope'" in proc.stderr
+
+
+HYDRA_APP = """
+import hydra
+from orchestrator.config import CONF_DIR
+from orchestrator.factors import plan_arm
+from orchestrator.results import StressSummary
+from orchestrator.tracking import ArmTracker, parent_run_id
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg):
+    # a stand-in for the arm: no servers, the outcome the fault model would give
+    plan = plan_arm(cfg)
+    bad = 9 if plan.factors["multi_stream"] == "on" else 0
+    with ArmTracker.start(cfg, plan, int(cfg.repetition), parent_run_id(cfg)) as tracker:
+        summary = StressSummary(sessions=60, clean=60 - bad, corrupted=bad, errored=0, planned=60)
+        tracker.log_stress(summary, None)
+    return tracker.run_id
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_real_hydra_multirun_hands_the_parent_to_every_job(tmp_path):
+    """The shipped config's callback and sweeper around a stand-in job: one parent, children under it,
+    the report at the end."""
+    app = tmp_path / "app.py"
+    app.write_text(HYDRA_APP)
+    db = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(app),
+            f"tracking.uri={db}",
+            f"tracking.artifact_location={tmp_path}/artifacts",
+            f"report.dir={tmp_path}/reports",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+            "bench.enabled=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=db)
+    exp = client.get_experiment_by_name("quick")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("heisenhunt.kind") == "study"]
+    children = [r for r in runs if r.data.tags.get("heisenhunt.kind") == "arm"]
+    assert len(children) == 4  # ofat on multi_stream x repetition 0,1
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert parent.info.status == "FINISHED"
+    assert (tmp_path / "sweep" / ".heisenhunt" / "parent_run_id").read_text().strip() == parent.info.run_id
+    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
+    assert report["hypotheses"][0]["verdict"] == "implicated"
+    assert report["hypotheses"][0]["baseline_counts"] == [18, 120]

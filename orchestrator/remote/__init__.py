@@ -13,7 +13,6 @@ from typing import Any
 
 from orchestrator.remote.base import CommandFailed, CommandResult, Transport, TransportError
 from orchestrator.remote.local import LocalTransport
-from orchestrator.remote.ssh import SSHTransport, ssh_options_from_host
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +27,15 @@ __all__ = [
     "make_transport",
     "make_transports",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # paramiko is imported only when SSH is used: base.py and local.py stay light
+    if name == "SSHTransport":
+        from orchestrator.remote.ssh import SSHTransport
+
+        return SSHTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _kind(host_cfg: Any) -> str:
@@ -49,6 +57,8 @@ def make_transport(host_cfg: Any, name: str | None = None) -> Transport:
     if kind == "local":
         return LocalTransport(host=name or _address(host_cfg))
     if kind == "ssh":
+        from orchestrator.remote.ssh import SSHTransport, ssh_options_from_host
+
         return SSHTransport(ssh_options_from_host(host_cfg), host=name)
     raise ValueError(f"unknown transport {kind!r} for host {_address(host_cfg)}: use 'local' or 'ssh'")
 
@@ -56,6 +66,8 @@ def make_transport(host_cfg: Any, name: str | None = None) -> Transport:
 def _connection_key(host_cfg: Any) -> tuple:
     if _kind(host_cfg) == "local":
         return ("local", _address(host_cfg))
+    from orchestrator.remote.ssh import ssh_options_from_host
+
     return ("ssh", ssh_options_from_host(host_cfg))
 
 

@@ -18,6 +18,11 @@ One connection per transport, opened on first use, kept alive (`ssh.keepalive_s`
 dropped between commands (a command is never re-run), and reused for every command and SFTP transfer
 of an arm. Failures are `TransportError` subclasses whose message says what to fix.
 
+Costs: each command is one SSH session on the open connection; the server still starts the login
+shell for it (bash reads ~/.bashrc under sshd), so a command costs what that shell's startup costs
+(about 150 ms on a host whose .bashrc runs `pyenv init`, a few ms on a plain one). A command that
+times out is abandoned (its channel closed), not killed: long-running work belongs in start_detached.
+
 Lifecycle: built at the edge from the cluster config (`remote.make_transport`), used for one arm,
 closed in a `finally`; processes started detached keep running after `close()`.
 """

@@ -116,6 +116,8 @@ def test_one_connection_serves_many_commands_and_transfers(sshd: SshServer, tmp_
     before = _accepted(sshd)
     n = 30
     with connect(sshd) as t:
+        t.run_shell("true")
+        fds = len(os.listdir("/proc/self/fd"))
         t0 = time.monotonic()
         for i in range(n):
             assert t.run_shell(f"echo {i}").stdout == f"{i}\n"
@@ -124,6 +126,7 @@ def test_one_connection_serves_many_commands_and_transfers(sshd: SshServer, tmp_
             t.write_file(str(tmp_path / f"f{i}"), b"%d" % i)
             assert t.read_file(str(tmp_path / f"f{i}")) == b"%d" % i
         assert t.connects == 1
+        assert len(os.listdir("/proc/self/fd")) == fds  # no channel or pipe left open per command
     time.sleep(0.2)  # sshd writes its log line asynchronously
     assert _accepted(sshd) - before == 1
     logging.getLogger(__name__).info("run_shell over SSH: %.1f ms per call", per_call * 1000)
