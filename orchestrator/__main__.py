@@ -11,6 +11,7 @@ A failed arm is data: it becomes a FAILED run with its reason and the sweep goes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from orchestrator.config import CONF_DIR, validate
 from orchestrator.deploy import DeployError, Deployment
 from orchestrator.factors import ArmPlan, plan_arm
 from orchestrator.observe import parse_decode_log
-from orchestrator.redact import redact_env
+from orchestrator.redact import redact_env, redact_text
 
 log = logging.getLogger("orchestrator")
 
@@ -69,7 +70,7 @@ def redacted_config_yaml(cfg: DictConfig) -> str:
 
 def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """Run one arm end to end. Returns a small summary (also what Hydra keeps as the job's return)."""
-    from orchestrator.remote import make_transport
+    from orchestrator.remote import close_all, make_transports
     from orchestrator.tracking import ArmTracker, finished_runs, parent_run_id
 
     validate(cfg)
@@ -86,7 +87,7 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     log.info("arm %s, repetition %d, signature %s", label, repetition, plan.signature)
     config_file = output_dir / "resolved_config.yaml"
     config_file.write_text(redacted_config_yaml(cfg))
-    transports = {role: make_transport(cfg.cluster.hosts[role], role) for role in plan.roles}
+    transports = make_transports({role: cfg.cluster.hosts[role] for role in plan.roles})
     deployment = Deployment(cfg, plan, transports, run_label=f"{cfg.study.name}-{plan.signature}-r{repetition}",
                             on_event=lambda message: log.info(message))
     status = "FINISHED"
@@ -108,8 +109,8 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         finally:
             problems = deployment.stop_all()
             _collect_logs(deployment, output_dir, tracker)
-            for transport in transports.values():
-                transport.close()
+            _gpus_after_teardown(cfg, transports, tracker)
+            close_all(transports)
             if problems:
                 log.error("teardown problems: %s", problems)
     return {"status": status, "signature": plan.signature, "repetition": repetition, "arm": label,
@@ -117,13 +118,39 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
 
 def _preflight(cfg: DictConfig, plan: ArmPlan, transports: dict, tracker: Any) -> None:
-    """Provenance per host, and the hosts' own checks of the flags, before anything is restarted."""
-    from orchestrator.preflight import host_provenance
+    """Each server host checks the arm's flags with its own parser, and says what it runs, before any
+    restart. A flag the host's sglang would refuse stops the arm here, with the running servers untouched."""
+    from orchestrator.preflight import PreflightError, host_provenance, validate_sglang_flags
 
     for role in ("prefill", "decode"):
+        host, launch, role_plan = cfg.cluster.hosts[role], cfg.deployment.roles[role], plan.roles[role]
+        kwargs = {"parser": str(launch.flag_parser)} if launch.flag_parser else {}
+        validate_sglang_flags(transports[role], str(host.python), role_plan.argv, env=role_plan.env, **kwargs)
+        if launch.preflight_module:
+            check = transports[role].run([str(host.python), "-m", str(launch.preflight_module)],
+                                         env=role_plan.env, timeout=120.0, check=False)
+            if check.returncode != 0:
+                output = redact_text((check.stderr or check.stdout).strip(), role_plan.env)
+                raise PreflightError(f"{role}: preflight `python -m {launch.preflight_module}` refused the arm "
+                                     f"(exit {check.returncode}):\n{output[-3000:]}")
+    for role in ("prefill", "decode"):
         host = cfg.cluster.hosts[role]
-        info = host_provenance(transports[role], host, plan.roles[role])
-        tracker.log_provenance(role, info)
+        info = host_provenance(transports[role], str(host.python), host.server_checkout)
+        tracker.log_provenance(role, dataclasses.asdict(info))
+
+
+def _gpus_after_teardown(cfg: DictConfig, transports: dict, tracker: Any) -> None:
+    """GPU memory in use after teardown, per server host: shows the GPUs were freed (None: no GPUs)."""
+    from orchestrator.preflight import gpu_memory_used
+
+    for role in ("prefill", "decode"):
+        try:
+            used = gpu_memory_used(transports[role])
+        except Exception as e:  # noqa: BLE001 - a provenance probe must not mask the arm's own outcome
+            log.warning("could not read GPU memory on %s after teardown: %s", role, e)
+            continue
+        if used is not None:
+            tracker.log_provenance(role, {"gpu_memory_used_after_teardown_mib": used})
 
 
 def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any, deployment: Deployment) -> None:
@@ -168,8 +195,6 @@ def _collect_logs(deployment: Deployment, output_dir: Path, tracker: Any) -> Non
         except (FileNotFoundError, OSError) as e:
             log.warning("no %s log to fetch: %s", role, e)
             continue
-        from orchestrator.redact import redact_text
-
         text = redact_text(text, deployment.plan.roles[role].env)
         target = logs_dir / f"{role}.log"
         target.write_text(text)

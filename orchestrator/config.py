@@ -105,6 +105,12 @@ class RoleLaunch:
     flags: dict[str, Any] = field(default_factory=dict)
     health_path: str = "/health"
     startup_timeout_s: float = 600.0
+    # "module:function" returning the argparse parser the host checks flags with before a restart;
+    # null: the host's own sglang ServerArgs parser (skipped where the host has no sglang)
+    flag_parser: str | None = None
+    # `python -m MODULE` run on the host with the role's env before any restart (a site check, a config
+    # file check); a non-zero exit refuses the arm with the command's output
+    preflight_module: str | None = None
 
 
 @dataclass
