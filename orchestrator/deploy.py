@@ -81,11 +81,12 @@ class Deployment:
         transport = self.transports[role]
         pid_file = self.paths(role).pid
         try:
-            text = transport.read_file(pid_file).decode().strip()
+            lines = transport.read_file(pid_file).decode().splitlines()
         except FileNotFoundError:
-            text = ""
-        pid = int(text) if text.isdigit() else self.started.get(role)
-        if pid and transport.group_alive(pid) and self._is_ours(role, pid):
+            lines = []
+        pid = int(lines[0]) if lines and lines[0].strip().isdigit() else self.started.get(role)
+        started_at = lines[1].strip() if len(lines) > 1 else ""
+        if pid and transport.group_alive(pid) and self._is_ours(role, pid, started_at):
             self.on_event(f"stopping {role} (pgid {pid})")
             killed = transport.stop_group(pid, grace_s=float(self.cfg.deployment.stop_grace_s))
             if killed:
@@ -93,17 +94,15 @@ class Deployment:
         transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
         self.started.pop(role, None)
 
-    def _is_ours(self, role: str, pid: int) -> bool:
-        """Guard against a recycled pid: the process must still run this role's launch command."""
-        result = self.transports[role].run_shell(f"ps -o args= -p {int(pid)}", timeout=15.0)
-        args = result.stdout.strip()
-        if not args:
+    def _is_ours(self, role: str, pid: int, started_at: str) -> bool:
+        """Guard against a recycled pid: same pid and same start time as when this tool started it."""
+        now = self.transports[role].start_time(pid)
+        if not now:
             return True  # the leader exited but its group lives on: still ours
-        launch = self.cfg.deployment.roles[role]
-        marker = str(launch.module) if launch.module else str(list(launch.command)[0])
-        ours = marker in args
+        ours = now == started_at
         if not ours:
-            log.warning("pid file of %s names pid %s, which now runs %r: not ours, left alone", role, pid, args)
+            log.warning("pid file of %s names pid %s, started %r, but that pid now started %r: a recycled "
+                        "pid, left alone", role, pid, started_at, now)
         return ours
 
     def stop_all(self) -> list[str]:

@@ -102,8 +102,9 @@ class BenchResult:
 
     @property
     def client_bound(self) -> bool:
-        """True when the client's self-audit warned at any level: no throughput verdict then."""
-        return any(level.warnings for level in self.levels)
+        """True when the self-audit found the client may have been the bottleneck (or tokens went
+        uncounted) at any level: no throughput verdict then. `timing:` notes do not count."""
+        return any(w.startswith(("client:", "usage:")) for level in self.levels for w in level.warnings)
 
 
 @dataclass

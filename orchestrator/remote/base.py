@@ -54,8 +54,9 @@ def env_assignments(env: Mapping[str, str]) -> list[str]:
 def detached_command(argv: Sequence[str], env: Mapping[str, str], log_path: str, pid_path: str,
                      cwd: str | None = None) -> str:
     """A shell line that starts `argv` in a new session (so its pid is its process group id),
-    stdout+stderr appended to `log_path`, stdin from /dev/null, writes the pid to `pid_path` and
-    prints it. The process survives the shell (and the SSH channel) that started it."""
+    stdout+stderr appended to `log_path`, stdin from /dev/null, writes the pid and its start time to
+    `pid_path` (two lines) and prints the pid. The process survives the shell (and the SSH channel)
+    that started it. The start time tells a later run whether the pid was recycled."""
     if not argv:
         raise ValueError("empty command")
     quoted = shlex.join(argv)
@@ -70,7 +71,7 @@ def detached_command(argv: Sequence[str], env: Mapping[str, str], log_path: str,
     return (
         f"mkdir -p {parent} {pid_parent} || exit 1; {cd}"
         f"setsid nohup {launch} >>{log} 2>&1 </dev/null & "
-        f'p=$!; echo "$p" >{pid} || exit 1; echo "$p"'
+        f'p=$!; printf "%s\\n%s\\n" "$p" "$(ps -o lstart= -p "$p")" >{pid} || exit 1; echo "$p"'
     )
 
 
@@ -134,6 +135,10 @@ class Transport(ABC):
         result = self.run_shell(f"ps -o stat= -p {int(pid)}", timeout=15.0)
         state = result.stdout.strip()
         return result.returncode == 0 and bool(state) and not state.startswith("Z")
+
+    def start_time(self, pid: int) -> str:
+        """The process's start time as `ps -o lstart=` prints it ('' when it is gone)."""
+        return self.run_shell(f"ps -o lstart= -p {int(pid)}", timeout=15.0).stdout.strip()
 
     def group_alive(self, pgid: int) -> bool:
         """True if any non-zombie process is left in process group `pgid`."""

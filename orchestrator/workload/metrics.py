@@ -70,8 +70,9 @@ class AuditThresholds:
       did not re-issue fast enough to hold the loop closed;
     - client CPU above `max_cpu_fraction` of one core over the level: a single-threaded event loop that
       busy is queueing its own callbacks, which inflates every timestamp;
-    - event-loop lag p99 above `max_loop_lag_s`, or above `max_lag_itl_fraction` x the ITL median:
-      chunk timestamps are late by up to the lag, so latencies of that order cannot be trusted.
+    - event-loop lag p99 above `max_loop_lag_s`: the loop was too busy to serve its streams on time;
+    - lag above `max_lag_itl_fraction` x the ITL median (a `timing:` note, not a bottleneck): chunk
+      timestamps are late by up to the lag, so latencies of that order cannot be trusted.
     """
 
     min_concurrency_ratio: float = 0.95
@@ -134,7 +135,9 @@ def audit_warnings(
     """The self-audit: one line per reason the level's numbers may be the client's, not the server's.
 
     Lines start with `client:` (the client may have been the bottleneck) or `usage:` (tokens are
-    undercounted). Either way the report must not give a throughput verdict on that level.
+    undercounted): either way the report must not give a throughput verdict on that level. A `timing:`
+    line says latency figures (TTFT, ITL) may be late by up to the loop lag; the client still held the
+    target concurrency, so tok/s stands.
     """
     out = []
     if not math.isnan(achieved) and achieved < thresholds.min_concurrency_ratio * target:
@@ -153,7 +156,7 @@ def audit_warnings(
         )
     elif not math.isnan(itl_p50) and loop_lag_p99 > thresholds.max_lag_itl_fraction * itl_p50:
         out.append(
-            f"client: event-loop lag p99 {loop_lag_p99 * 1e3:.2f} ms > "
+            f"timing: event-loop lag p99 {loop_lag_p99 * 1e3:.2f} ms > "
             f"{thresholds.max_lag_itl_fraction:.0%} of ITL p50 {itl_p50 * 1e3:.2f} ms"
         )
     if missing_usage:
