@@ -70,8 +70,9 @@ def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return names
 
 
-def decide_reply(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
-                 tool_choice: Any) -> Reply:
+def decide_reply(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any
+) -> Reply:
     """The correct reply to this conversation."""
     names = tool_names(tools)
     plan = tasks.parse_plan(messages) if isinstance(messages, Sequence) else None
@@ -108,7 +109,11 @@ def render(reply: Reply, max_tokens: int | None, ignore_eos: bool) -> list[str]:
         return tokenize(call_text(reply.call.name, reply.call.arguments))
     if reply.content is not None:
         return tokenize(reply.content)
-    n = max_tokens if (ignore_eos and max_tokens) else min(max_tokens or DEFAULT_CHAT_TOKENS, DEFAULT_CHAT_TOKENS)
+    n = (
+        max_tokens
+        if (ignore_eos and max_tokens)
+        else min(max_tokens or DEFAULT_CHAT_TOKENS, DEFAULT_CHAT_TOKENS)
+    )
     return filler(n)
 
 
@@ -117,8 +122,14 @@ def filler(n: int) -> list[str]:
     return [base[i % len(base)] for i in range(max(0, n))]
 
 
-def corrupt(reply: Reply, shape: str, rng: random.Random, messages: Sequence[Mapping[str, Any]],
-            tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None) -> list[str]:
+def corrupt(
+    reply: Reply,
+    shape: str,
+    rng: random.Random,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    max_tokens: int | None,
+) -> list[str]:
     """The raw tokens of `reply` (a tool call) as the modelled fault garbles it."""
     assert reply.call is not None
     name, args = reply.call.name, dict(reply.call.arguments)
@@ -190,7 +201,7 @@ def parse_output(raw: str) -> Parsed:
     if start < 0:
         return Parsed(raw, ())
     calls = []
-    for segment in raw[start + len(CALLS_BEGIN):].split(CALL_BEGIN)[1:]:
+    for segment in raw[start + len(CALLS_BEGIN) :].split(CALL_BEGIN)[1:]:
         if SEP not in segment:
             break
         name, _, rest = segment.partition(SEP)

@@ -25,6 +25,7 @@ Modelled on SGLang's disaggregation (mooncake backend), reduced to what the expe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -106,7 +107,9 @@ class BootstrapState:
         target = self.peers.get(room.decode_addr or "")
         if target is None:
             self.rooms.pop(room_id, None)
-            raise BootstrapFailed(BOOTSTRAPPING, f"decode {room.decode_addr} is not registered with this prefill")
+            raise BootstrapFailed(
+                BOOTSTRAPPING, f"decode {room.decode_addr} is not registered with this prefill"
+            )
         room.delivered_to, room.handoff = target, handoff
         room.touch()
 
@@ -155,11 +158,8 @@ class BootstrapState:
             remaining = deadline - time.monotonic()
             if state != since or remaining <= 0:
                 break
-            changed = room.changed
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):  # timed out: answer the current state
+                await asyncio.wait_for(room.changed.wait(), remaining)
         if state == DONE:
             self.rooms.pop(room_id, None)
             return web.json_response({"state": state, "handoff": room.handoff})
@@ -202,7 +202,9 @@ class BootstrapClient:
                         await self._register(addr, remaining)
                     reply = await self._poll(addr, room_id, state, min(remaining, 5.0))
                 except (aiohttp.ClientError, TimeoutError) as e:
-                    last_error = f"cannot reach the prefill bootstrap server at {addr}: {e or type(e).__name__}"
+                    last_error = (
+                        f"cannot reach the prefill bootstrap server at {addr}: {e or type(e).__name__}"
+                    )
                     self.registered.discard(addr)
                     await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
                     continue
@@ -217,13 +219,21 @@ class BootstrapClient:
 
     async def _register(self, addr: str, remaining: float) -> None:
         timeout = aiohttp.ClientTimeout(total=min(remaining, 10.0))
-        async with self.http.put(f"http://{addr}/route", json={"decode_addr": self.decode_addr,
-                                                               "session": self.session}, timeout=timeout) as r:
+        async with self.http.put(
+            f"http://{addr}/route",
+            json={"decode_addr": self.decode_addr, "session": self.session},
+            timeout=timeout,
+        ) as r:
             r.raise_for_status()
         self.registered.add(addr)
 
     async def _poll(self, addr: str, room_id: int, since: str, wait: float) -> dict[str, Any]:
-        params = {"decode_addr": self.decode_addr, "session": self.session, "since": since, "wait": f"{wait:.3f}"}
+        params = {
+            "decode_addr": self.decode_addr,
+            "session": self.session,
+            "since": since,
+            "wait": f"{wait:.3f}",
+        }
         timeout = aiohttp.ClientTimeout(total=wait + 10.0)
         async with self.http.get(f"http://{addr}/kv/{room_id}", params=params, timeout=timeout) as r:
             r.raise_for_status()

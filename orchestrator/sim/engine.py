@@ -81,8 +81,15 @@ class DecodeRequest:
 
 
 class DecodeEngine:
-    def __init__(self, model: FaultModel, config: RoleConfig, scale: float, counters: SimCounters,
-                 rng: random.Random, log_interval: int = 40):
+    def __init__(
+        self,
+        model: FaultModel,
+        config: RoleConfig,
+        scale: float,
+        counters: SimCounters,
+        rng: random.Random,
+        log_interval: int = 40,
+    ):
         self.model = model
         self.config = config
         self.scale = scale
@@ -152,13 +159,25 @@ class DecodeEngine:
             if rule is not None and self.rng.random() < rule.probability(batch):
                 shapes = list(rule.shapes)
                 request.shape = self.rng.choices(shapes, weights=[rule.shapes[s] for s in shapes])[0]
-                request.tokens = agent.corrupt(request.reply, request.shape, self.rng, request.messages,
-                                               request.tools, request.max_new_tokens)
+                request.tokens = agent.corrupt(
+                    request.reply,
+                    request.shape,
+                    self.rng,
+                    request.messages,
+                    request.tools,
+                    request.max_new_tokens,
+                )
                 self.counters.corrupted_turns += 1
                 self.counters.corrupted_by_shape[request.shape] += 1
-                log.debug("request %s corrupted (%s) at batch %d by rule %s", request.rid, request.shape, batch,
-                          rule.name)
-        if request.max_new_tokens is not None and len(request.tokens) > request.max_new_tokens:
+                log.debug(
+                    "request %s corrupted (%s) at batch %d by rule %s",
+                    request.rid,
+                    request.shape,
+                    batch,
+                    rule.name,
+                )
+        # no room left for the end-of-sequence token: the request ends by length, as with ignore_eos
+        if request.max_new_tokens is not None and len(request.tokens) >= request.max_new_tokens:
             request.tokens = request.tokens[: request.max_new_tokens]
             request.finish_length = True
         if not request.tokens:
@@ -202,7 +221,12 @@ class DecodeEngine:
         log.info(
             "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, cuda graph: %s, "
             "gen throughput (token/s): %.2f, #queue-req: %d",
-            batch, tokens, min(1.0, tokens / 1_000_000), captured, throughput, len(self.waiting),
+            batch,
+            tokens,
+            min(1.0, tokens / 1_000_000),
+            captured,
+            throughput,
+            len(self.waiting),
         )
 
 
@@ -213,8 +237,9 @@ class PrefillJob:
 
 
 class PrefillEngine:
-    def __init__(self, prefill_s: Callable[[int], float], scale: float, counters: SimCounters,
-                 chunk_tokens: int = 8192):
+    def __init__(
+        self, prefill_s: Callable[[int], float], scale: float, counters: SimCounters, chunk_tokens: int = 8192
+    ):
         self.prefill_s = prefill_s
         self.scale = scale
         self.counters = counters
@@ -252,7 +277,10 @@ class PrefillEngine:
             log.info(
                 "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: 0.00, "
                 "#running-req: 0, #queue-req: %d, input throughput (token/s): %.2f",
-                len(batch), total, len(self.queue), total / max(time.monotonic() - started, 1e-9),
+                len(batch),
+                total,
+                len(self.queue),
+                total / max(time.monotonic() - started, 1e-9),
             )
             for job in batch:
                 if not job.future.done():

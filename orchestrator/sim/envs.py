@@ -48,7 +48,10 @@ def parse_env_bool(raw: str | None, default: bool) -> tuple[bool, str | None]:
         return True, None
     if value in _FALSE:
         return False, None
-    return default, f"invalid boolean value {raw!r}; expected one of true/1/yes/y/false/0/no/n; using default {default}"
+    return (
+        default,
+        f"invalid boolean value {raw!r}; expected one of true/1/yes/y/false/0/no/n; using default {default}",
+    )
 
 
 def parse_env_value(name: str, raw: str | None) -> tuple[Any, str | None]:

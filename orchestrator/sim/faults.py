@@ -26,11 +26,22 @@ from orchestrator.sim.envs import ENV_VARS
 BUILTIN_PATH = Path(__file__).with_name("builtin_fault_model.yaml")
 FORMAT_VERSION = 1
 ROLES = ("prefill", "decode")
-SHAPES = ("truncated_arguments", "invalid_json", "unknown_tool", "leaked_text", "repetition", "wrong_arguments")
+SHAPES = (
+    "truncated_arguments",
+    "invalid_json",
+    "unknown_tool",
+    "leaked_text",
+    "repetition",
+    "wrong_arguments",
+)
 TOP_KEYS = ("version", "name", "description", "seed", "rules", "throughput")
 RULE_KEYS = ("name", "when", "probability", "shapes")
 THROUGHPUT_KEYS = (
-    "graph_step_ms", "eager_step_ms", "multi_stream_overhead", "prefill_base_ms", "prefill_per_token_ms",
+    "graph_step_ms",
+    "eager_step_ms",
+    "multi_stream_overhead",
+    "prefill_base_ms",
+    "prefill_per_token_ms",
     "startup_s",
 )
 
@@ -236,7 +247,8 @@ def _rule(data: Any, where: str, keys: Mapping[str, type], fail) -> Rule:
     for key, value in when_data.items():
         if key not in keys:
             raise fail(
-                f"{where}.when", f"unknown key {key!r}; accepted: <role>.env.<NAME> or <role>.args.<flag dest>, "
+                f"{where}.when",
+                f"unknown key {key!r}; accepted: <role>.env.<NAME> or <role>.args.<flag dest>, "
                 f"role one of {', '.join(ROLES)}, NAME one of {', '.join(ENV_VARS)}, "
                 f"flag dest one of {', '.join(sorted(arg_types()))}",
             )
@@ -245,7 +257,9 @@ def _rule(data: Any, where: str, keys: Mapping[str, type], fail) -> Rule:
             raise fail(f"{where}.when.{key}", "an empty list matches nothing; give at least one value")
         for v in values:
             if not _is_type(v, keys[key]):
-                raise fail(f"{where}.when.{key}", f"expected {keys[key].__name__} (or a list of them), got {v!r}")
+                raise fail(
+                    f"{where}.when.{key}", f"expected {keys[key].__name__} (or a list of them), got {v!r}"
+                )
         when[key] = values
     curve = _curve(data["probability"], f"{where}.probability", fail, y_max=1.0)
     shapes_data = data["shapes"]
@@ -255,7 +269,12 @@ def _rule(data: Any, where: str, keys: Mapping[str, type], fail) -> Rule:
     for shape, weight in shapes_data.items():
         if shape not in SHAPES:
             raise fail(f"{where}.shapes", f"unknown shape {shape!r}; accepted: {', '.join(SHAPES)}")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0 or not math.isfinite(weight):
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or weight < 0
+            or not math.isfinite(weight)
+        ):
             raise fail(f"{where}.shapes.{shape}", f"expected a weight >= 0, got {weight!r}")
         if weight > 0:
             shapes[shape] = float(weight)
@@ -269,14 +288,19 @@ def _curve(data: Any, where: str, fail, y_max: float | None = None, extrapolate:
         raise fail(where, "expected a non-empty list of [batch, value] pairs, batch ascending")
     points: list[tuple[float, float]] = []
     for i, point in enumerate(data):
-        if (not isinstance(point, list | tuple) or len(point) != 2
-                or any(isinstance(v, bool) or not isinstance(v, int | float) for v in point)):
+        if (
+            not isinstance(point, list | tuple)
+            or len(point) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int | float) for v in point)
+        ):
             raise fail(f"{where}[{i}]", f"expected a pair [batch, value] of numbers, got {point!r}")
         x, y = float(point[0]), float(point[1])
         if not isinstance(point[0], int) or x < 1:
             raise fail(f"{where}[{i}]", f"batch must be an integer >= 1, got {point[0]!r}")
         if points and x <= points[-1][0]:
-            raise fail(f"{where}[{i}]", f"batches must be strictly ascending ({point[0]} after {points[-1][0]:g})")
+            raise fail(
+                f"{where}[{i}]", f"batches must be strictly ascending ({point[0]} after {points[-1][0]:g})"
+            )
         if y < 0 or (y_max is not None and y > y_max) or not math.isfinite(y):
             bound = f"between 0 and {y_max:g}" if y_max is not None else ">= 0"
             raise fail(f"{where}[{i}]", f"value must be {bound}, got {point[1]!r}")
@@ -297,13 +321,22 @@ def _throughput(data: Any, fail, source: str) -> ThroughputModel:
         merged.update({k: builtin[k] for k in missing})
     for key in ("graph_step_ms", "eager_step_ms"):
         for i, point in enumerate(merged[key] if isinstance(merged[key], list) else []):
-            if isinstance(point, list | tuple) and len(point) == 2 and isinstance(point[1], int | float) \
-                    and point[1] <= 0:
+            if (
+                isinstance(point, list | tuple)
+                and len(point) == 2
+                and isinstance(point[1], int | float)
+                and point[1] <= 0
+            ):
                 raise fail(f"throughput.{key}[{i}]", f"step time must be > 0 ms, got {point[1]!r}")
     scalars = {}
     for key in ("multi_stream_overhead", "prefill_base_ms", "prefill_per_token_ms", "startup_s"):
         value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or value < 0
+            or not math.isfinite(value)
+        ):
             raise fail(f"throughput.{key}", f"expected a number >= 0, got {value!r}")
         scalars[key] = float(value)
     return ThroughputModel(

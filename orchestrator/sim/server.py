@@ -64,7 +64,9 @@ def parse_time_scale(raw: str | None) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{TIME_SCALE_ENV} must be a finite number >= 0 (0: no modelled delays), got {raw!r}")
+        raise ValueError(
+            f"{TIME_SCALE_ENV} must be a finite number >= 0 (0: no modelled delays), got {raw!r}"
+        )
     return value
 
 
@@ -94,17 +96,24 @@ class SimServer:
         self.ready = False
         self.stopping = False
         self.recent_rooms: deque[int] = deque(maxlen=256)
-        self.decode = DecodeEngine(model, self.config, scale, self.counters, self.rng, args.decode_log_interval)
-        self.prefill = PrefillEngine(model.throughput.prefill_s, scale, self.counters, args.chunked_prefill_size)
+        self.decode = DecodeEngine(
+            model, self.config, scale, self.counters, self.rng, args.decode_log_interval
+        )
+        self.prefill = PrefillEngine(
+            model.throughput.prefill_s, scale, self.counters, args.chunked_prefill_size
+        )
         # modelled timeouts, scaled, but never so short that loopback HTTP itself would trip them
         boot_timeout = max(self.env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] * scale, MIN_TIMEOUT_S)
         wait_timeout = max(self.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] * scale, MIN_TIMEOUT_S)
         self.bootstrap_timeout_s = boot_timeout
         self.bootstrap_state = BootstrapState(
-            self.instance, {"prefill_instance": self.instance, "config": self.config.to_dict()},
+            self.instance,
+            {"prefill_instance": self.instance, "config": self.config.to_dict()},
             ttl_s=2 * (boot_timeout + wait_timeout) + 60.0,
         )
-        self.bootstrap_client = BootstrapClient(f"{args.host}:{args.port}", self.instance, boot_timeout, wait_timeout)
+        self.bootstrap_client = BootstrapClient(
+            f"{args.host}:{args.port}", self.instance, boot_timeout, wait_timeout
+        )
         self.health_timeout_s = max(self.env["SGLANG_HEALTH_CHECK_TIMEOUT"] * scale, MIN_TIMEOUT_S)
         self._tasks: list[asyncio.Task] = []
 
@@ -152,17 +161,23 @@ class SimServer:
         log.info("Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=22.10 GB")
         log.info("KV Cache is allocated. #tokens: 1000000")
         if captured:
-            sizes = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
-                     if b <= self.args.cuda_graph_max_bs]
+            sizes = [
+                b
+                for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+                if b <= self.args.cuda_graph_max_bs
+            ]
             log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=21.90 GB")
             t0 = time.monotonic()
             await asyncio.sleep(startup * 0.5)
             log.info("Capture cuda graph bs %s", sizes)
-            log.info("Capture cuda graph end. Time elapsed: %.2f s. mem usage=0.81 GB. avail mem=21.09 GB.",
-                     time.monotonic() - t0)
+            log.info(
+                "Capture cuda graph end. Time elapsed: %.2f s. mem usage=0.81 GB. avail mem=21.09 GB.",
+                time.monotonic() - t0,
+            )
         log.info(
             "max_total_num_tokens=1000000, chunked_prefill_size=%d, max_prefill_tokens=16384, "
-            "max_running_requests=%d, context_len=163840", self.args.chunked_prefill_size,
+            "max_running_requests=%d, context_len=163840",
+            self.args.chunked_prefill_size,
             self.args.max_running_requests,
         )
         if self.mode in ("prefill", "decode"):
@@ -191,8 +206,14 @@ class SimServer:
         if self.mode == "prefill":
             await self.prefill.prefill(1)
             return
-        probe = DecodeRequest(rid=f"HEALTH_CHECK_{uuid.uuid4().hex[:8]}", reply=None, tokens=["."],
-                              max_new_tokens=1, prompt_tokens=1, prefill_config=None)
+        probe = DecodeRequest(
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex[:8]}",
+            reply=None,
+            tokens=["."],
+            max_new_tokens=1,
+            prompt_tokens=1,
+            prefill_config=None,
+        )
         self.decode.submit(probe)
         try:
             await probe.event.wait()
@@ -206,11 +227,15 @@ class SimServer:
     async def server_info(self, request: web.Request) -> web.Response:
         info: dict[str, Any] = dict(vars(self.args))
         info["version"] = SIM_VERSION
-        info["internal_states"] = [{
-            "last_gen_throughput": self.counters.last_gen_throughput,
-            "memory_usage": {"weight": 80.1, "kvcache": 20.4, "token_capacity": 1000000},
-            "decode_cuda_graph_bs": [] if self.args.disable_cuda_graph else list(range(1, self.args.cuda_graph_max_bs + 1)),
-        }]
+        info["internal_states"] = [
+            {
+                "last_gen_throughput": self.counters.last_gen_throughput,
+                "memory_usage": {"weight": 80.1, "kvcache": 20.4, "token_capacity": 1000000},
+                "decode_cuda_graph_bs": []
+                if self.args.disable_cuda_graph
+                else list(range(1, self.args.cuda_graph_max_bs + 1)),
+            }
+        ]
         if self.env["SGLANG_EXPOSE_OWN_ENV_VARS"]:
             info["env"] = dict(self.raw_env)
         info["sim"] = {
@@ -228,19 +253,38 @@ class SimServer:
         return web.json_response(info)
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path or self.args.model_path,
-            "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
-            "has_image_understanding": False, "has_audio_understanding": False, "model_type": "deepseek_v4",
-            "architectures": ["DeepseekV4ForCausalLM"], "tool_call_parser": self.args.tool_call_parser,
-            "disaggregation_mode": self.mode,
-        })
+        return web.json_response(
+            {
+                "model_path": self.args.model_path,
+                "tokenizer_path": self.args.tokenizer_path or self.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "deepseek_v4",
+                "architectures": ["DeepseekV4ForCausalLM"],
+                "tool_call_parser": self.args.tool_call_parser,
+                "disaggregation_mode": self.mode,
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
-            "root": self.model_name, "max_model_len": 163840,
-        }]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "sglang",
+                        "root": self.model_name,
+                        "max_model_len": 163840,
+                    }
+                ],
+            }
+        )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.decode.running:
@@ -286,7 +330,7 @@ class SimServer:
         prompt_tokens = estimate_prompt_tokens(messages, tools)
         if self.mode == "prefill":
             return await self._prefill(request, body, prompt_tokens, chat=True)
-        handoff, problem = await self._handoff(body)
+        handoff, problem = await self._handoff(body, prompt_tokens)
         if problem is not None:
             return problem
         reply = agent.decide_reply(messages, tools, body.get("tool_choice", "auto"))
@@ -302,26 +346,54 @@ class SimServer:
             await req.event.wait()
         parsed = agent.parse_output(req.raw)
         calls = [self._tool_call(i, name, args) for i, (name, args) in enumerate(parsed.calls)]
-        message = {"role": "assistant", "content": parsed.content or None, "reasoning_content": None,
-                   "tool_calls": calls or None}
-        return web.json_response({
-            "id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": self._finish_reason(req, bool(calls)), "matched_stop": None}],
-            "usage": self._usage(req),
-        })
+        message = {
+            "role": "assistant",
+            "content": parsed.content or None,
+            "reasoning_content": None,
+            "tool_calls": calls or None,
+        }
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": self._finish_reason(req, bool(calls)),
+                        "matched_stop": None,
+                    }
+                ],
+                "usage": self._usage(req),
+            }
+        )
 
-    async def _chat_stream(self, request: web.Request, req: DecodeRequest, rid: str,
-                           include_usage: bool) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    async def _chat_stream(
+        self, request: web.Request, req: DecodeRequest, rid: str, include_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return b"data: " + _dumps({
-                "id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-            }) + b"\n\n"
+            return (
+                b"data: "
+                + _dumps(
+                    {
+                        "id": rid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": self.model_name,
+                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                    }
+                )
+                + b"\n\n"
+            )
 
         sent_content, sent_calls = 0, []  # chars of content sent; per call: chars of arguments sent
         try:
@@ -340,17 +412,31 @@ class SimServer:
                         out.append(chunk({"tool_calls": [call]}))
                         sent_calls.append(0)
                     if len(args) > sent_calls[i]:
-                        delta = {"index": i, "id": None, "type": "function",
-                                 "function": {"name": None, "arguments": args[sent_calls[i]:]}}
+                        delta = {
+                            "index": i,
+                            "id": None,
+                            "type": "function",
+                            "function": {"name": None, "arguments": args[sent_calls[i] :]},
+                        }
                         out.append(chunk({"tool_calls": [delta]}))
                         sent_calls[i] = len(args)
                 if req.done:
                     out.append(chunk({}, self._finish_reason(req, bool(parsed.calls))))
                     if include_usage:
-                        out.append(b"data: " + _dumps({
-                            "id": rid, "object": "chat.completion.chunk", "created": created,
-                            "model": self.model_name, "choices": [], "usage": self._usage(req),
-                        }) + b"\n\n")
+                        out.append(
+                            b"data: "
+                            + _dumps(
+                                {
+                                    "id": rid,
+                                    "object": "chat.completion.chunk",
+                                    "created": created,
+                                    "model": self.model_name,
+                                    "choices": [],
+                                    "usage": self._usage(req),
+                                }
+                            )
+                            + b"\n\n"
+                        )
                     out.append(b"data: [DONE]\n\n")
                 if out:
                     await response.write(b"".join(out))
@@ -367,11 +453,14 @@ class SimServer:
             return problem
         params = body.get("sampling_params") or {}
         text = body.get("text", "")
-        prompt_tokens = len(body["input_ids"]) if isinstance(body.get("input_ids"), list) else \
-            estimate_prompt_tokens(text, None)
+        prompt_tokens = (
+            len(body["input_ids"])
+            if isinstance(body.get("input_ids"), list)
+            else estimate_prompt_tokens(text, None)
+        )
         if self.mode == "prefill":
             return await self._prefill(request, body, prompt_tokens, chat=False)
-        handoff, problem = await self._handoff(body)
+        handoff, problem = await self._handoff(body, prompt_tokens)
         if problem is not None:
             return problem
         max_new = params.get("max_new_tokens", 128)
@@ -382,11 +471,21 @@ class SimServer:
         def payload() -> dict[str, Any]:
             finish = None
             if req.done:
-                finish = {"type": "length", "length": req.pos} if req.finish_length else {"type": "stop",
-                                                                                          "matched": None}
-            return {"text": req.raw, "meta_info": {
-                "id": rid, "finish_reason": finish, "prompt_tokens": req.prompt_tokens,
-                "completion_tokens": req.pos, "cached_tokens": 0}}
+                finish = (
+                    {"type": "length", "length": req.pos}
+                    if req.finish_length
+                    else {"type": "stop", "matched": None}
+                )
+            return {
+                "text": req.raw,
+                "meta_info": {
+                    "id": rid,
+                    "finish_reason": finish,
+                    "prompt_tokens": req.prompt_tokens,
+                    "completion_tokens": req.pos,
+                    "cached_tokens": 0,
+                },
+            }
 
         if not body.get("stream"):
             while not req.done:
@@ -412,7 +511,9 @@ class SimServer:
 
     async def _json_body(self, request: web.Request) -> tuple[dict[str, Any], web.Response | None]:
         if not self.ready:
-            return {}, web.json_response(error_body("server is starting", 503, "ServiceUnavailable"), status=503)
+            return {}, web.json_response(
+                error_body("server is starting", 503, "ServiceUnavailable"), status=503
+            )
         try:
             body = await request.json()
         except ValueError as e:
@@ -429,13 +530,18 @@ class SimServer:
         port = body.get("bootstrap_port") or self.args.disaggregation_bootstrap_port
         return str(host), int(port), int(room)
 
-    async def _handoff(self, body: Mapping[str, Any]) -> tuple[dict[str, Any] | None, web.Response | None]:
+    async def _handoff(
+        self, body: Mapping[str, Any], prompt_tokens: int
+    ) -> tuple[dict[str, Any] | None, web.Response | None]:
         """Decode: the prefill's hand-off for this request's room. Null mode: our own config."""
-        if self.mode != "decode":
+        if self.mode != "decode":  # co-located ("null" mode): prefill here, with our own config
+            await self.prefill.prefill(prompt_tokens)
             return {"prefill_config": self.config.to_dict()}, None
         target = self._bootstrap_target(body)
         if target is None:
-            message = "bootstrap_room is required in disaggregation decode mode (send requests through the router)"
+            message = (
+                "bootstrap_room is required in disaggregation decode mode (send requests through the router)"
+            )
             return None, web.json_response(error_body(message, 400), status=400)
         host, port, room = target
         self.recent_rooms.append(room)
@@ -450,23 +556,32 @@ class SimServer:
             else:
                 self.counters.transfer_failures += 1
             log.error("Request %d timed out after %.1fs in KVPoll.%s", room, waited, e.phase)
-            message = (f"Request {room} aborted: KV hand-off from the prefill at {host}:{port} failed in "
-                       f"KVPoll.{e.phase} after {waited:.1f}s: {e}")
+            message = (
+                f"Request {room} aborted: KV hand-off from the prefill at {host}:{port} failed in "
+                f"KVPoll.{e.phase} after {waited:.1f}s: {e}"
+            )
             return None, web.json_response(error_body(message, 500, "InternalServerError"), status=500)
 
-    async def _prefill(self, request: web.Request, body: Mapping[str, Any], prompt_tokens: int,
-                       chat: bool) -> web.Response:
+    async def _prefill(
+        self, request: web.Request, body: Mapping[str, Any], prompt_tokens: int, chat: bool
+    ) -> web.Response:
         target = self._bootstrap_target(body)
         if target is None:
-            message = "bootstrap_room is required in disaggregation prefill mode (send requests through the router)"
+            message = (
+                "bootstrap_room is required in disaggregation prefill mode (send requests through the router)"
+            )
             return web.json_response(error_body(message, 400), status=400)
         room = target[2]
         self.recent_rooms.append(room)
         self.counters.requests += 1
         self.bootstrap_state.note_prefill(room)
         await self.prefill.prefill(prompt_tokens)
-        handoff = {"room": room, "prefill_instance": self.instance, "prompt_tokens": prompt_tokens,
-                   "prefill_config": self.config.to_dict()}
+        handoff = {
+            "room": room,
+            "prefill_instance": self.instance,
+            "prompt_tokens": prompt_tokens,
+            "prefill_config": self.config.to_dict(),
+        }
         try:
             await self.bootstrap_state.transfer(room, handoff, self.bootstrap_timeout_s)
         except BootstrapFailed as e:
@@ -477,27 +592,53 @@ class SimServer:
         self.counters.finished_requests += 1
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1}
         if not chat:
-            return web.json_response({"text": "", "meta_info": {"id": uuid.uuid4().hex, "prompt_tokens": prompt_tokens,
-                                                                 "completion_tokens": 1, "finish_reason": None}})
-        return web.json_response({
-            "id": uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name, "choices": [{"index": 0, "message": {"role": "assistant", "content": ""},
-                                                  "finish_reason": "length"}], "usage": usage,
-        })
+            return web.json_response(
+                {
+                    "text": "",
+                    "meta_info": {
+                        "id": uuid.uuid4().hex,
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": 1,
+                        "finish_reason": None,
+                    },
+                }
+            )
+        return web.json_response(
+            {
+                "id": uuid.uuid4().hex,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "length"}
+                ],
+                "usage": usage,
+            }
+        )
 
     def _submit(self, reply, tokens, max_tokens, prompt_tokens, handoff, messages, tools) -> DecodeRequest:
         prefill_config = RoleConfig.from_dict(handoff["prefill_config"]) if handoff else None
-        req = DecodeRequest(rid=uuid.uuid4().hex, reply=reply, tokens=tokens,
-                            max_new_tokens=int(max_tokens) if max_tokens else None,
-                            prompt_tokens=handoff.get("prompt_tokens", prompt_tokens) if handoff else prompt_tokens,
-                            prefill_config=prefill_config, messages=messages, tools=tools)
+        req = DecodeRequest(
+            rid=uuid.uuid4().hex,
+            reply=reply,
+            tokens=tokens,
+            max_new_tokens=int(max_tokens) if max_tokens else None,
+            prompt_tokens=handoff.get("prompt_tokens", prompt_tokens) if handoff else prompt_tokens,
+            prefill_config=prefill_config,
+            messages=messages,
+            tools=tools,
+        )
         self.decode.submit(req)
         return req
 
     @staticmethod
     def _tool_call(index: int, name: str, arguments: str) -> dict[str, Any]:
-        return {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": name, "arguments": arguments}}
+        return {
+            "index": index,
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
 
     @staticmethod
     def _finish_reason(req: DecodeRequest, called: bool) -> str:
@@ -507,9 +648,13 @@ class SimServer:
 
     @staticmethod
     def _usage(req: DecodeRequest) -> dict[str, Any]:
-        return {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.pos,
-                "total_tokens": req.prompt_tokens + req.pos, "prompt_tokens_details": None,
-                "reasoning_tokens": 0}
+        return {
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": req.pos,
+            "total_tokens": req.prompt_tokens + req.pos,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": 0,
+        }
 
 
 def configure_logging(level: str) -> None:
@@ -528,7 +673,11 @@ def _quiet_http2_probe(record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
     if exc is not None and "PRI/Upgrade" in str(exc):
         record.msg, record.args, record.exc_info, record.exc_text = (
-            "rejected an HTTP/2 preface (HTTP/1.1 only)", (), None, None)
+            "rejected an HTTP/2 preface (HTTP/1.1 only)",
+            (),
+            None,
+            None,
+        )
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger("aiohttp.server").isEnabledFor(logging.DEBUG)
     return True
@@ -543,7 +692,9 @@ async def serve(server: SimServer) -> None:
     if server.mode == "prefill":
         boot_runner = web.AppRunner(server.bootstrap_state.app(), access_log=None, handle_signals=False)
         await boot_runner.setup()
-        sites.append(web.TCPSite(boot_runner, args.host, args.disaggregation_bootstrap_port, reuse_address=True))
+        sites.append(
+            web.TCPSite(boot_runner, args.host, args.disaggregation_bootstrap_port, reuse_address=True)
+        )
     for site in sites:
         await site.start()
     stop = asyncio.Event()
@@ -571,8 +722,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     server = SimServer(args, os.environ, model, scale)
     log.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items())))
-    log.info("heisenhunt simulated SGLang server (a test target, not SGLang): role=%s, fault model %r from %s, "
-             "time scale %g", server.mode, model.name, model.source, scale)
+    log.info(
+        "heisenhunt simulated SGLang server (a test target, not SGLang): role=%s, fault model %r from %s, "
+        "time scale %g",
+        server.mode,
+        model.name,
+        model.source,
+        scale,
+    )
     for warning in server.env_warnings:
         log.warning("%s", warning)
     try:

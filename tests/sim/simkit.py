@@ -50,8 +50,10 @@ class Arm:
         return {"SGLANG_DSV4_BF16_INDEX_K": "1" if self.bf16_index_k else "0"}
 
     def decode_env(self) -> dict[str, str]:
-        return {"SGLANG_DSV4_BF16_INDEX_K": "1" if self.bf16_index_k else "0",
-                "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "1" if self.multi_stream else "0"}
+        return {
+            "SGLANG_DSV4_BF16_INDEX_K": "1" if self.bf16_index_k else "0",
+            "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "1" if self.multi_stream else "0",
+        }
 
     def prefill_flags(self) -> list[str]:
         return ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"] if self.hicache else []
@@ -104,40 +106,93 @@ class Cluster:
     def _start(self, role: str, argv: list[str], env: Mapping[str, str], url: str) -> Proc:
         self._n += 1
         log_path = self.work / f"{role}-{self._n}.log"
-        pid = self.transport.start_detached(argv, env, str(log_path), str(self.work / f"{role}-{self._n}.pid"),
-                                            cwd=str(REPO))
+        pid = self.transport.start_detached(
+            argv, env, str(log_path), str(self.work / f"{role}-{self._n}.pid"), cwd=str(REPO)
+        )
         proc = Proc(role, pid, log_path, url)
         self.procs[role] = proc
         return proc
 
     def start_prefill(self, arm: Arm = BASELINE, extra: Sequence[str] = (), wait: bool = True) -> Proc:
-        argv = [sys.executable, "-m", "orchestrator.sim.server", "--model-path", MODEL,
-                "--disaggregation-mode", "prefill", "--host", "127.0.0.1", "--port", str(self.prefill_port),
-                "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
-                "--tool-call-parser", "deepseekv4", "--enable-metrics", *arm.prefill_flags(), *extra]
-        proc = self._start("prefill", argv, self._sim_env(arm.prefill_env()), f"http://127.0.0.1:{self.prefill_port}")
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestrator.sim.server",
+            "--model-path",
+            MODEL,
+            "--disaggregation-mode",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.prefill_port),
+            "--disaggregation-bootstrap-port",
+            str(self.bootstrap_port),
+            "--disable-overlap-schedule",
+            "--tool-call-parser",
+            "deepseekv4",
+            "--enable-metrics",
+            *arm.prefill_flags(),
+            *extra,
+        ]
+        proc = self._start(
+            "prefill", argv, self._sim_env(arm.prefill_env()), f"http://127.0.0.1:{self.prefill_port}"
+        )
         if wait:
             self.wait_healthy(proc)
         return proc
 
     def start_decode(self, arm: Arm = BASELINE, extra: Sequence[str] = (), wait: bool = True) -> Proc:
-        argv = [sys.executable, "-m", "orchestrator.sim.server", "--model-path", MODEL,
-                "--disaggregation-mode", "decode", "--host", "127.0.0.1", "--port", str(self.decode_port),
-                "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
-                "--cuda-graph-max-bs", "32", "--tool-call-parser", "deepseekv4", "--enable-metrics",
-                *arm.decode_flags(), *extra]
-        proc = self._start("decode", argv, self._sim_env(arm.decode_env()), f"http://127.0.0.1:{self.decode_port}")
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestrator.sim.server",
+            "--model-path",
+            MODEL,
+            "--disaggregation-mode",
+            "decode",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.decode_port),
+            "--disaggregation-bootstrap-port",
+            str(self.bootstrap_port),
+            "--disable-overlap-schedule",
+            "--cuda-graph-max-bs",
+            "32",
+            "--tool-call-parser",
+            "deepseekv4",
+            "--enable-metrics",
+            *arm.decode_flags(),
+            *extra,
+        ]
+        proc = self._start(
+            "decode", argv, self._sim_env(arm.decode_env()), f"http://127.0.0.1:{self.decode_port}"
+        )
         if wait:
             self.wait_healthy(proc)
         return proc
 
     def start_router(self, extra: Sequence[str] = ()) -> Proc:
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                "--prefill", f"http://127.0.0.1:{self.prefill_port}", str(self.bootstrap_port),
-                "--decode", f"http://127.0.0.1:{self.decode_port}", "--host", "127.0.0.1",
-                "--port", str(self.router_port),
-                # other test runs may hold the default metrics port 29000
-                "--prometheus-port", str(free_port()), *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--pd-disaggregation",
+            "--prefill",
+            f"http://127.0.0.1:{self.prefill_port}",
+            str(self.bootstrap_port),
+            "--decode",
+            f"http://127.0.0.1:{self.decode_port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.router_port),
+            # other test runs may hold the default metrics port 29000
+            "--prometheus-port",
+            str(free_port()),
+            *extra,
+        ]
         proc = self._start("router", argv, {}, self.router_url)
         self.wait_router(proc)
         return proc
@@ -168,7 +223,9 @@ class Cluster:
             if not self.transport.is_alive(proc.pid):
                 raise RuntimeError(f"{proc.role} exited during startup:\n{proc.log_path.read_text()[-3000:]}")
             time.sleep(0.1)
-        raise RuntimeError(f"{proc.role} not healthy within {timeout_s}s:\n{proc.log_path.read_text()[-3000:]}")
+        raise RuntimeError(
+            f"{proc.role} not healthy within {timeout_s}s:\n{proc.log_path.read_text()[-3000:]}"
+        )
 
     def wait_router(self, proc: Proc, timeout_s: float = 30.0) -> None:
         """Ready when a warm-up chat through it succeeds (it may report ready before its workers)."""
@@ -199,7 +256,9 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
 
 
 def post_json(url: str, body: Any, timeout: float = 30.0) -> tuple[int | None, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             raw = resp.read()
@@ -276,15 +335,24 @@ def judge(turn: Turn, expected: tasks.ToolCall) -> str | None:
     return None
 
 
-async def run_session(http: aiohttp.ClientSession, url: str, task: tasks.Task, index: int,
-                      timeout_s: float) -> Outcome:
+async def run_session(
+    http: aiohttp.ClientSession, url: str, task: tasks.Task, index: int, timeout_s: float
+) -> Outcome:
     messages = tasks.initial_messages(task)
     for r, expected in enumerate(task.steps):
-        body = {"model": MODEL, "messages": messages, "tools": tasks.TOOLS, "max_tokens": 1024,
-                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": MODEL,
+            "messages": messages,
+            "tools": tasks.TOOLS,
+            "max_tokens": 1024,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         try:
-            async with http.post(url + "/v1/chat/completions", json=body,
-                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with http.post(
+                url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     return Outcome(index, "errored", f"HTTP {resp.status}: {text[:200]}")
@@ -295,14 +363,26 @@ async def run_session(http: aiohttp.ClientSession, url: str, task: tasks.Task, i
         if problem is not None:
             return Outcome(index, "corrupted", f"round {r}: {problem}")
         call = turn.calls[0]
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": call["arguments"]},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": tasks.tool_result(task, r)})
     return Outcome(index, "clean")
 
 
-async def run_sessions(url: str, sessions: int, rounds: int, seed: int, concurrency: int | None = None,
-                       timeout_s: float = 120.0) -> list[Outcome]:
+async def run_sessions(
+    url: str, sessions: int, rounds: int, seed: int, concurrency: int | None = None, timeout_s: float = 120.0
+) -> list[Outcome]:
     """`sessions` seeded sessions of `rounds` rounds, at most `concurrency` at once (default: all)."""
     limit = asyncio.Semaphore(concurrency or sessions)
     connector = aiohttp.TCPConnector(limit=concurrency or sessions)
@@ -340,8 +420,14 @@ async def bench_level(url: str, concurrency: int, requests: int, output_len: int
     output tokens from the usage chunk over the wall time of the level."""
     queue = list(range(requests))
     tokens, errors = 0, 0
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about GPUs."}],
-            "max_tokens": output_len, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write a long story about GPUs."}],
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
 
         async def worker() -> None:

@@ -18,9 +18,19 @@ def conversation(rounds: int, done: int, seed: int = 3):
     messages = tasks.initial_messages(task)
     for r in range(done):
         step = task.steps[r]
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{r}", "type": "function", "function": {"name": step.name,
-                                                             "arguments": json.dumps(dict(step.arguments))}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{r}",
+                        "type": "function",
+                        "function": {"name": step.name, "arguments": json.dumps(dict(step.arguments))},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"c{r}", "content": tasks.tool_result(task, r)})
     return task, messages
 
@@ -40,7 +50,9 @@ def test_healthy_agent_follows_the_plan_then_says_done(done):
     assert reply.planned and reply.call == task.steps[done]
     parsed = agent.parse_output("".join(agent.render(reply, 1024, False)))
     assert parsed.content == ""
-    assert [(n, json.loads(a)) for n, a in parsed.calls] == [(task.steps[done].name, dict(task.steps[done].arguments))]
+    assert [(n, json.loads(a)) for n, a in parsed.calls] == [
+        (task.steps[done].name, dict(task.steps[done].arguments))
+    ]
     _, finished = conversation(3, 3)
     final = agent.decide_reply(finished, tasks.TOOLS, "auto")
     assert final.call is None and final.content == tasks.DONE_REPLY and not final.planned
@@ -50,7 +62,9 @@ def test_plain_chat_and_ignore_eos_lengths():
     hello = [{"role": "user", "content": "Hello"}]
     assert len(agent.render(agent.decide_reply(hello, None, "auto"), 8, False)) == 8
     assert len(agent.render(agent.decide_reply(hello, None, "auto"), 300, True)) == 300
-    assert len(agent.render(agent.decide_reply(hello, None, "auto"), None, False)) == agent.DEFAULT_CHAT_TOKENS
+    assert (
+        len(agent.render(agent.decide_reply(hello, None, "auto"), None, False)) == agent.DEFAULT_CHAT_TOKENS
+    )
     forced = agent.decide_reply(hello, tasks.TOOLS, {"type": "function", "function": {"name": "search"}})
     assert forced.call is not None and forced.call.name == "search" and not forced.planned
 
@@ -72,19 +86,19 @@ def test_parse_output_is_safe_on_every_prefix():
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("seed", range(5))
 def test_every_shape_is_a_detectable_corruption(shape, seed):
-    task, messages = conversation(4, seed % 4, seed=seed)
+    _, messages = conversation(4, seed % 4, seed=seed)
     reply = agent.decide_reply(messages, tasks.TOOLS, "auto")
     expected = reply.call
     tokens = agent.corrupt(reply, shape, random.Random(seed), messages, tasks.TOOLS, 1024)
     parsed = agent.parse_output("".join(tokens))
     names = agent.tool_names(tasks.TOOLS)
     if shape in ("truncated_arguments", "invalid_json"):
-        (name, args), = parsed.calls
+        ((name, args),) = parsed.calls
         assert name == expected.name
         with pytest.raises(ValueError):
             json.loads(args)
     elif shape == "unknown_tool":
-        (name, args), = parsed.calls
+        ((name, args),) = parsed.calls
         assert name not in names and json.loads(args) == dict(expected.arguments)
     elif shape == "leaked_text":
         assert parsed.calls == () and json.loads(parsed.content)["name"] == expected.name
@@ -93,7 +107,7 @@ def test_every_shape_is_a_detectable_corruption(shape, seed):
         tail = tokens[-40:]  # a short unit, over and over: the tail is periodic with a short period
         assert any(all(tail[i] == tail[i + p] for i in range(len(tail) - p)) for p in range(1, 10))
     else:  # wrong_arguments: a valid call, schema-valid, but not the expected one
-        (name, args), = parsed.calls
+        ((name, args),) = parsed.calls
         assert name in names
         jsonschema.validate(json.loads(args), tasks.TOOL_SCHEMAS[name])
         assert (name, json.loads(args)) != (expected.name, dict(expected.arguments))

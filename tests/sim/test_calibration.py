@@ -33,8 +33,11 @@ def corruption_rates(c, reps: int) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("arm", "low", "high", "reps"),
-                         [(BASELINE, 0.13, 0.18, 30), (Arm(hicache=False), 0.03, 0.07, 20)], ids=["baseline", "no-hicache"])
+@pytest.mark.parametrize(
+    ("arm", "low", "high", "reps"),
+    [(BASELINE, 0.13, 0.18, 30), (Arm(hicache=False), 0.03, 0.07, 20)],
+    ids=["baseline", "no-hicache"],
+)
 def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm, low, high, reps):
     """Measured with the orchestrator's own stress runner and oracle (orchestrator/workload/stress.py)."""
     c = cluster(time_scale=0.05)
@@ -42,8 +45,17 @@ def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm
     rates = []
     for rep in range(reps):
         before = sim_counters(c.procs["decode"].url)["corrupted_turns"]
-        summary = run_stress_sync(c.router_url, SESSIONS, ROUNDS, None, 2000 + rep, MODEL, 60.0, tmp_path / f"r{rep}",
-                                  progress=False)
+        summary = run_stress_sync(
+            c.router_url,
+            SESSIONS,
+            ROUNDS,
+            None,
+            2000 + rep,
+            MODEL,
+            60.0,
+            tmp_path / f"r{rep}",
+            progress=False,
+        )
         after = sim_counters(c.procs["decode"].url)["corrupted_turns"]
         assert summary.errored == 0 and summary.sessions == SESSIONS
         assert summary.corrupted == after - before  # the oracle finds every turn the sim corrupted, no more
@@ -77,7 +89,11 @@ def test_clean_model_gives_zero_corrupted_in_1000_sessions(cluster, tmp_path: Pa
     c = cluster(time_scale=0.05, fault_model=str(clean))
     c.start_all(BASELINE)  # the configuration the built-in model corrupts most
     outcomes = asyncio.run(run_sessions(c.router_url, 1000, ROUNDS, seed=7, concurrency=64))
-    assert (count(outcomes, "clean"), count(outcomes, "corrupted"), count(outcomes, "errored")) == (1000, 0, 0)
+    assert (count(outcomes, "clean"), count(outcomes, "corrupted"), count(outcomes, "errored")) == (
+        1000,
+        0,
+        0,
+    )
     assert sim_counters(c.procs["decode"].url)["max_batch"] >= 40
 
 

@@ -28,17 +28,34 @@ def role(mode: str, argv: list[str], env: dict[str, str]) -> RoleConfig:
 
 def pair(capture=True, bf16=True, multi_stream=True, hicache=True) -> tuple[RoleConfig, RoleConfig]:
     b = "1" if bf16 else "0"
-    prefill = role("prefill", ["--enable-hierarchical-cache"] if hicache else [], {"SGLANG_DSV4_BF16_INDEX_K": b})
-    decode = role("decode", [] if capture else ["--disable-cuda-graph"],
-                  {"SGLANG_DSV4_BF16_INDEX_K": b, "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "1" if multi_stream else "0"})
+    prefill = role(
+        "prefill", ["--enable-hierarchical-cache"] if hicache else [], {"SGLANG_DSV4_BF16_INDEX_K": b}
+    )
+    decode = role(
+        "decode",
+        [] if capture else ["--disable-cuda-graph"],
+        {"SGLANG_DSV4_BF16_INDEX_K": b, "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "1" if multi_stream else "0"},
+    )
     return prefill, decode
 
 
-@pytest.mark.parametrize(("raw", "value", "warns"), [
-    ("1", True, False), ("TRUE", True, False), ("yes", True, False), ("Y", True, False),
-    ("0", False, False), ("False", False, False), ("no", False, False), ("n", False, False),
-    ("", True, True), ("maybe", True, True), ("2", True, True), (None, True, False),
-])
+@pytest.mark.parametrize(
+    ("raw", "value", "warns"),
+    [
+        ("1", True, False),
+        ("TRUE", True, False),
+        ("yes", True, False),
+        ("Y", True, False),
+        ("0", False, False),
+        ("False", False, False),
+        ("no", False, False),
+        ("n", False, False),
+        ("", True, True),
+        ("maybe", True, True),
+        ("2", True, True),
+        (None, True, False),
+    ],
+)
 def test_env_bool_follows_sglang(raw, value, warns):
     got, warning = parse_env_bool(raw, default=True)
     assert got is value
@@ -46,8 +63,13 @@ def test_env_bool_follows_sglang(raw, value, warns):
 
 
 def test_effective_env_keeps_default_and_warns_on_garbage():
-    values, warnings = effective_env({"SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "off",
-                                      "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "x", "SGLANG_DSV4_BF16_INDEX_K": "1"})
+    values, warnings = effective_env(
+        {
+            "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "off",
+            "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "x",
+            "SGLANG_DSV4_BF16_INDEX_K": "1",
+        }
+    )
     assert values["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] is True  # default kept
     assert values["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == 300
     assert values["SGLANG_DSV4_BF16_INDEX_K"] is True
@@ -55,8 +77,12 @@ def test_effective_env_keeps_default_and_warns_on_garbage():
 
 
 def test_unknown_flag_is_an_argparse_error_exit_2():
-    done = subprocess.run([sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--no-such-flag"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--no-such-flag"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "unrecognized arguments: --no-such-flag" in done.stderr
 
@@ -74,8 +100,13 @@ def test_builtin_rules_match_only_the_story():
     assert model.source == str(BUILTIN_PATH)
     assert model.rule_for(*pair()).name == "overlap-race-hicache"
     assert model.rule_for(*pair(hicache=False)).name == "overlap-race-no-hicache"
-    for other in (dict(capture=False), dict(bf16=False), dict(multi_stream=False),
-                  dict(capture=False, hicache=False), dict(bf16=False, multi_stream=False, hicache=False)):
+    for other in (
+        dict(capture=False),
+        dict(bf16=False),
+        dict(multi_stream=False),
+        dict(capture=False, hicache=False),
+        dict(bf16=False, multi_stream=False, hicache=False),
+    ):
         assert model.rule_for(*pair(**other)) is None, other
 
 
@@ -108,24 +139,40 @@ def test_clean_model_and_throughput_defaults(tmp_path: Path):
     assert model.throughput == load_fault_model().throughput  # missing throughput: the built-in's
 
 
-@pytest.mark.parametrize(("mutate", "names"), [
-    (lambda d: d.update(colour=1), ["top level", "'colour'", "accepted: version, name"]),
-    (lambda d: d.update(version=2), ["version", "accepted: 1"]),
-    (lambda d: d["rules"][0]["when"].update({"decode.env.SGLANG_NOPE": True}),
-     ["rules[0] (overlap-race-hicache).when", "'decode.env.SGLANG_NOPE'", "SGLANG_DSV4_BF16_INDEX_K"]),
-    (lambda d: d["rules"][0]["when"].update({"router.args.port": 1}), ["unknown key 'router.args.port'", "prefill, decode"]),
-    (lambda d: d["rules"][0]["when"].update({"decode.args.disable_cuda_graph": "no"}),
-     ["when.decode.args.disable_cuda_graph", "expected bool"]),
-    (lambda d: d["rules"][0].update(probability=[[1, 0.0], [8, 1.5]]), ["probability[1]", "between 0 and 1"]),
-    (lambda d: d["rules"][0].update(probability=[[8, 0.1], [4, 0.2]]), ["probability[1]", "ascending"]),
-    (lambda d: d["rules"][0].update(shapes={"gibberish": 1}), ["shapes", "'gibberish'", "truncated_arguments"]),
-    (lambda d: d["rules"][0].update(shapes={"invalid_json": 0}), ["shapes", "weight > 0"]),
-    (lambda d: d["rules"][0].pop("when"), ["rules[0]", "missing required key 'when'"]),
-    (lambda d: d["rules"][1].update(name=d["rules"][0]["name"]), ["used twice"]),
-    (lambda d: d["throughput"].update(graph_step_ms=[[1, 0]]), ["throughput.graph_step_ms[0]", "> 0 ms"]),
-    (lambda d: d["throughput"].update(startup_s=-1), ["throughput.startup_s", ">= 0"]),
-    (lambda d: d["throughput"].update(warp=9), ["throughput", "'warp'", "multi_stream_overhead"]),
-])
+@pytest.mark.parametrize(
+    ("mutate", "names"),
+    [
+        (lambda d: d.update(colour=1), ["top level", "'colour'", "accepted: version, name"]),
+        (lambda d: d.update(version=2), ["version", "accepted: 1"]),
+        (
+            lambda d: d["rules"][0]["when"].update({"decode.env.SGLANG_NOPE": True}),
+            ["rules[0] (overlap-race-hicache).when", "'decode.env.SGLANG_NOPE'", "SGLANG_DSV4_BF16_INDEX_K"],
+        ),
+        (
+            lambda d: d["rules"][0]["when"].update({"router.args.port": 1}),
+            ["unknown key 'router.args.port'", "prefill, decode"],
+        ),
+        (
+            lambda d: d["rules"][0]["when"].update({"decode.args.disable_cuda_graph": "no"}),
+            ["when.decode.args.disable_cuda_graph", "expected bool"],
+        ),
+        (
+            lambda d: d["rules"][0].update(probability=[[1, 0.0], [8, 1.5]]),
+            ["probability[1]", "between 0 and 1"],
+        ),
+        (lambda d: d["rules"][0].update(probability=[[8, 0.1], [4, 0.2]]), ["probability[1]", "ascending"]),
+        (
+            lambda d: d["rules"][0].update(shapes={"gibberish": 1}),
+            ["shapes", "'gibberish'", "truncated_arguments"],
+        ),
+        (lambda d: d["rules"][0].update(shapes={"invalid_json": 0}), ["shapes", "weight > 0"]),
+        (lambda d: d["rules"][0].pop("when"), ["rules[0]", "missing required key 'when'"]),
+        (lambda d: d["rules"][1].update(name=d["rules"][0]["name"]), ["used twice"]),
+        (lambda d: d["throughput"].update(graph_step_ms=[[1, 0]]), ["throughput.graph_step_ms[0]", "> 0 ms"]),
+        (lambda d: d["throughput"].update(startup_s=-1), ["throughput.startup_s", ">= 0"]),
+        (lambda d: d["throughput"].update(warp=9), ["throughput", "'warp'", "multi_stream_overhead"]),
+    ],
+)
 def test_invalid_models_name_the_bad_key_and_what_is_accepted(tmp_path: Path, mutate, names):
     data = yaml.safe_load(BUILTIN_PATH.read_text())
     mutate(data)

@@ -8,12 +8,25 @@ import time
 import urllib.request
 from pathlib import Path
 
-from simkit import BASELINE, FIXED, MODEL, free_port, get_json, http_status, parse_sse, post_json, sim_counters
+from simkit import (
+    BASELINE,
+    FIXED,
+    MODEL,
+    free_port,
+    get_json,
+    http_status,
+    parse_sse,
+    post_json,
+    sim_counters,
+)
 
 from orchestrator.remote.local import LocalTransport
 from orchestrator.workload import tasks
 
-SHORT_PD_TIMEOUTS = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20"}
+SHORT_PD_TIMEOUTS = {
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20",
+}
 
 
 def plan_request(done: int = 0, stream: bool = False) -> tuple[tasks.Task, dict]:
@@ -21,8 +34,19 @@ def plan_request(done: int = 0, stream: bool = False) -> tuple[tasks.Task, dict]
     messages = tasks.initial_messages(task)
     for r in range(done):
         step = task.steps[r]
-        messages.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{r}", "type": "function",
-                         "function": {"name": step.name, "arguments": json.dumps(dict(step.arguments))}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{r}",
+                        "type": "function",
+                        "function": {"name": step.name, "arguments": json.dumps(dict(step.arguments))},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"c{r}", "content": tasks.tool_result(task, r)})
     body = {"model": MODEL, "messages": messages, "tools": tasks.TOOLS, "max_tokens": 512, "stream": stream}
     if stream:
@@ -43,7 +67,9 @@ def test_tool_calls_through_the_real_router(cluster):
     (call,) = choice["message"]["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
-        task.steps[0].name, dict(task.steps[0].arguments))
+        task.steps[0].name,
+        dict(task.steps[0].arguments),
+    )
     assert reply["usage"]["completion_tokens"] > 5 and reply["usage"]["prompt_tokens"] > 100
 
     task, body = plan_request(done=1, stream=True)
@@ -52,7 +78,8 @@ def test_tool_calls_through_the_real_router(cluster):
     turn = parse_sse(text)
     assert turn.finish_reason == "tool_calls" and turn.completion_tokens > 5 and turn.content == ""
     assert [(t["name"], json.loads(t["arguments"])) for t in turn.calls] == [
-        (task.steps[1].name, dict(task.steps[1].arguments))]
+        (task.steps[1].name, dict(task.steps[1].arguments))
+    ]
     first_delta = json.loads(text.split("\n\n")[0][6:])["choices"][0]["delta"]
     assert first_delta == {"role": "assistant", "content": ""}
 
@@ -62,8 +89,10 @@ def test_tool_calls_through_the_real_router(cluster):
     assert reply["choices"][0]["finish_reason"] == "stop"
 
     # both roles saw the rooms the router made up for these requests
-    prefill_info, decode_info = get_json(c.procs["prefill"].url + "/server_info"), get_json(
-        c.procs["decode"].url + "/server_info")
+    prefill_info, decode_info = (
+        get_json(c.procs["prefill"].url + "/server_info"),
+        get_json(c.procs["decode"].url + "/server_info"),
+    )
     shared = set(prefill_info["sim"]["recent_rooms"]) & set(decode_info["sim"]["recent_rooms"])
     assert len(shared) >= 3  # warm-up + the three requests above
     assert decode_info["disaggregation_mode"] == "decode" and decode_info["cuda_graph_max_bs"] == 32
@@ -76,11 +105,12 @@ def test_tool_calls_through_the_real_router(cluster):
     with urllib.request.urlopen(c.procs["decode"].url + "/metrics") as resp:
         metrics = resp.read().decode()
     generated = sim_counters(c.procs["decode"].url)["tokens_generated"]
-    assert f"sglang:generation_tokens_total{{model_name=\"{MODEL}\"}} {generated}" in metrics
+    assert f'sglang:generation_tokens_total{{model_name="{MODEL}"}} {generated}' in metrics
     assert 'mode="decode_cuda_graph"} 0' not in metrics  # batches of 1 ran in captured graphs
     log = c.log("decode")
     assert "Capture cuda graph end" in log and log.index("Capture cuda graph end") < log.index(
-        "The server is fired up and ready to roll!")
+        "The server is fired up and ready to roll!"
+    )
 
 
 def test_health_is_503_while_starting(cluster, tmp_path: Path):
@@ -144,12 +174,31 @@ def test_decode_restarted_alone_degrades_and_a_co_restart_recovers(cluster):
 
 def test_invalid_fault_model_stops_the_server_with_a_clear_error(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nrules:\n  - name: r\n    when: {decode.env.SGLANG_TYPO: true}\n"
-                   "    probability: [[1, 0.0]]\n    shapes: {invalid_json: 1}\n")
+    bad.write_text(
+        "version: 1\nrules:\n  - name: r\n    when: {decode.env.SGLANG_TYPO: true}\n"
+        "    probability: [[1, 0.0]]\n    shapes: {invalid_json: 1}\n"
+    )
     result = LocalTransport().run(
         [sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--port", str(free_port())],
-        env={"HEISENHUNT_SIM_FAULT_MODEL": str(bad)}, check=False, timeout=60,
+        env={"HEISENHUNT_SIM_FAULT_MODEL": str(bad)},
+        check=False,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "unknown key 'decode.env.SGLANG_TYPO'" in result.stdout + result.stderr
     assert str(bad) in result.stdout + result.stderr
+
+
+def test_generate_through_the_router_and_flush_cache(cluster):
+    c = cluster(time_scale=0.05)
+    c.start_all(FIXED)
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 17, "ignore_eos": True}}
+    status, reply = post_json(c.router_url + "/generate", body)
+    assert status == 200, reply
+    assert (
+        reply["meta_info"]["completion_tokens"] == 17
+        and reply["meta_info"]["finish_reason"]["type"] == "length"
+    )
+    assert reply["text"]
+    status, text = post_json(c.procs["decode"].url + "/flush_cache", {})
+    assert status == 200 and "flushed" in text
