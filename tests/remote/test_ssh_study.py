@@ -36,6 +36,6 @@ def test_the_dsv4_study_over_ssh_gives_the_local_verdicts(sshd, tmp_path, monkey
     logins = sshd.log_text().count("Accepted publickey") - logins_before
     assert logins >= 15, logins
     # server logs came back over SFTP into the job dirs
-    assert list((tmp_path / "multirun").glob("*/server_logs/decode.log"))
+    assert list((tmp_path / "multirun").rglob("server_logs/decode.log"))
     assert not no_servers_left(tmp_path)
     assert os.environ["HH_SSH_PORT"] == str(sshd.port)
