@@ -113,6 +113,25 @@ def _iter_runs(
 # --- parent run: the study callback ----------------------------------------------------------------
 
 
+def secret_env(config: DictConfig) -> dict[str, str]:
+    """Every secret-looking env var the config sets on a role, in the deployment or a factor level."""
+    envs: list[Any] = []
+    for role in (OmegaConf.select(config, "deployment.roles") or {}).values():
+        envs.append(role.get("env") or {})
+    for factor in (config.get("factor") or {}).values():
+        envs += [delta.get("env") or {} for delta in (factor.get("roles") or {}).values()]
+    found: dict[str, str] = {}
+    for env in envs:
+        for name in env:
+            if is_secret_name(str(name)):
+                try:
+                    found[str(name)] = str(env[name])
+                except Exception:  # noqa: BLE001 - an interpolation that cannot resolve here holds no value
+                    log.debug("env %s does not resolve here; nothing to redact", name)
+    return found
+
+
+
 def _sweep_dir(cfg: Any) -> str | None:
     if cfg is not None:
         found = (
@@ -163,7 +182,9 @@ class StudyCallback(Callback):
         study = str(config.study.name)
         exp_id = ensure_experiment(client, study, config.tracking.get("artifact_location"))
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        overrides = [str(o) for o in (config.hydra.overrides.get("task") or [])]
+        # the command line may carry a secret env value (`++deployment.roles.decode.env={HF_TOKEN: ...}`)
+        secrets = secret_env(config)
+        overrides = [redact_text(str(o), secrets) for o in (config.hydra.overrides.get("task") or [])]
         sweeper = config.hydra.get("sweeper") or {}
         design = (
             str(sweeper.get("design") if sweeper.get("params") else sweeper.get("default_design", "")) or "?"

@@ -70,9 +70,12 @@ class Study:
         ]
         return out
 
-    def start(self, *overrides: str, base: bool = True) -> subprocess.Popen:
+    def start(self, *overrides: str) -> subprocess.Popen:
+        """`python -m orchestrator -m` with the sandbox's overrides, except those `overrides` replace."""
+        replaced = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+        base = [o for o in self.base_overrides() if o.split("=", 1)[0].lstrip("+") not in replaced]
         # -m first: Hydra reads flags before overrides (the primary config is a multirun anyway)
-        argv = [sys.executable, "-m", "orchestrator", "-m", *(self.base_overrides() if base else []), *overrides]
+        argv = [sys.executable, "-m", "orchestrator", "-m", *base, *overrides]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("HEISENHUNT_PARENT_RUN_ID", None)
         proc = subprocess.Popen(argv, cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -80,8 +83,8 @@ class Study:
         self.procs.append(proc)
         return proc
 
-    def run(self, *overrides: str, timeout: float = 240, base: bool = True) -> tuple[int, str]:
-        proc = self.start(*overrides, base=base)
+    def run(self, *overrides: str, timeout: float = 240) -> tuple[int, str]:
+        proc = self.start(*overrides)
         out = finish(proc, timeout)
         return proc.returncode, out
 
@@ -303,8 +306,10 @@ def test_an_interrupt_mid_stress_tears_down_every_host_and_keeps_the_partial_out
 def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm(study):
     # multi_stream=off: the simulated target corrupts nothing in this arm, so any corrupted session
     # would be the server's death miscounted as corruption
+    # a short turn timeout: sessions caught mid-stream by the death wait that long before they error
     proc = study.start("factor/multi_stream=off", "repetition=0", "hydra.sweeper.default_design=factorial",
-                       "workload.timeout_s=15", *LONG_STRESS)
+                       "workload.sessions=24", "workload.rounds=4", "workload.concurrency=6", "workload.timeout_s=4",
+                       "bench.enabled=false")
     sessions = study.job_dir(0) / "stress" / "sessions.jsonl"
     wait_for(lambda: jsonl_lines(sessions) >= 3, 120, "3 sessions recorded", proc)
     decode = pid_of(study.work_dir("decode") / "decode.pid")
@@ -317,11 +322,11 @@ def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm
     assert run.info.status == "FAILED", out[-3000:]
     assert run.data.tags["failure_reason"].startswith("decode: died during the stress workload")
     # no session is lost; those cut off by the death are errored, none corrupted
-    assert m["sessions_total"] == m["sessions_planned"] == 200 == jsonl_lines(sessions)
+    assert m["sessions_total"] == m["sessions_planned"] == 24 == jsonl_lines(sessions)
     assert m["sessions_errored"] >= 1 and m["sessions_corrupted"] == 0
-    assert m["sessions_clean"] + m["sessions_errored"] == 200
+    assert m["sessions_clean"] + m["sessions_errored"] == 24
     outcomes = [json.loads(line) for line in sessions.read_text().splitlines()]
-    assert len({o["session_id"] for o in outcomes}) == 200
+    assert len({o["session_id"] for o in outcomes}) == 24
     assert all(o["error"] for o in outcomes if o["status"] == "errored")
     # the corruption numbers leave errored sessions out: n counts clean + corrupted only
     assert m["corruption_rate"] == 0.0
@@ -332,3 +337,246 @@ def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm
     assert problem["status"] == "FAILED" and "died during the stress workload" in problem["reason"]
     assert "died during the stress workload" in study.report_md()
     assert not study.live_servers() and not study.listening() and not study.pid_files()
+
+
+# --- 4. resume ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_resume_skips_finished_arms_and_reruns_the_interrupted_one(study):
+    # one session at a time, so the second arm is surely mid-stress when the signal lands
+    sweep = ["factor/multi_stream=on,off", "repetition=0", "workload.sessions=20", "workload.rounds=3",
+             "workload.concurrency=1", "bench.enabled=false"]
+    proc = study.start(*sweep)
+    out = interrupt_mid_stress(study, proc, 1, signal.SIGTERM)
+    assert proc.returncode != 0, out[-3000:]
+    first = {r.data.params["factor.multi_stream"]: r for r in study.arm_runs()}
+    assert {k: r.info.status for k, r in first.items()} == {"on": "FINISHED", "off": "KILLED"}, out[-3000:]
+    killed = first["off"]
+    kept = int(killed.data.metrics["sessions_total"])
+    assert 3 <= kept < 20 and killed.data.tags["outcomes"] == "partial"
+    # before the re-run, the report uses the interrupted arm's outcomes, marked partial
+    arms = {a["label"]: a for a in study.report_cli()["arms"]}
+    assert arms["multi_stream=off"]["partial"] and not arms["baseline"]["partial"]
+    assert arms["multi_stream=off"]["n"] == kept - killed.data.metrics["sessions_errored"]
+
+    rc, out = study.run(*sweep, "resume=true")
+    assert rc == 0, out[-4000:]
+    assert "already FINISHED; skipped" in out
+    after = study.arm_runs()
+    by_level: dict[str, list] = {}
+    for run in after:
+        by_level.setdefault(run.data.params["factor.multi_stream"], []).append(run)
+    # the finished arm was skipped: still its one run; the interrupted one ran again, to the end
+    assert [r.info.run_id for r in by_level["on"]] == [first["on"].info.run_id]
+    assert sorted(r.info.status for r in by_level["off"]) == ["FINISHED", "KILLED"]
+    rerun = next(r for r in by_level["off"] if r.info.status == "FINISHED")
+    assert rerun.data.metrics["sessions_total"] == 20 and rerun.data.tags["outcomes"] == "complete"
+    # the report at the end of the resumed sweep: the complete re-run counts, the interrupted run is
+    # still listed (its outcomes not pooled twice: the re-run replays the same seeded sessions)
+    report = json.loads((study.reports / STUDY / "report.json").read_text())
+    arms = {a["label"]: a for a in report["arms"]}
+    assert not arms["multi_stream=off"]["partial"] and arms["multi_stream=off"]["n"] == 20
+    [problem] = report["problem_runs"]
+    assert problem["run_id"] == killed.info.run_id and problem["status"] == "KILLED" and not problem["used"]
+    assert not study.live_servers() and not study.listening() and not study.pid_files()
+
+
+# --- 5. bad input: one clear message, before any server is restarted -------------------------------------
+
+BAD_EXPERIMENTS = {
+    "experiment/broken_yaml.yaml": "# @package _global_\nstudy: {name: [unclosed\n",
+    "experiment/misspelled.yaml": "# @package _global_\nstudy:\n  name: misspelled\n  hypothesis: []\n",
+    "experiment/unknown_factor.yaml": (
+        "# @package _global_\nstudy:\n  name: unknown_factor\n  hypotheses:\n"
+        "    - {id: H-x, factor: nosuch, statement: s, baseline: a, treatment: b}\n"
+    ),
+}
+BAD_FAULT_MODEL = "version: 1\nrules: 12\n"
+
+
+@dataclass(frozen=True)
+class BadInput:
+    overrides: tuple[str, ...]
+    # every one of these must appear in the output (the key, and what is accepted)
+    expect: tuple[str, ...]
+    # a config error stops the sweep (exit 1); a host-side preflight refusal fails the arm (data, exit 0)
+    exit_nonzero: bool = True
+
+
+BAD_INPUTS = {
+    "unknown factor": BadInput(("+factor/nosuch=on",), ("factor/nosuch", "accepted factor names", "multi_stream")),
+    "unknown factor without +": pytest.param(
+        BadInput(("factor/nosuch=on",), ("factor/nosuch", "multi_stream")),
+        marks=pytest.mark.xfail(strict=True, reason="Hydra's own message names the key but not the accepted factors"),
+    ),
+    "unknown level": BadInput(("factor/multi_stream=maybe",), ("factor/multi_stream/maybe", "Available options", "off")),
+    "experiment file not YAML": BadInput(("+experiment=broken_yaml", "{searchpath}"),
+                                         ("experiment/broken_yaml.yaml", "line 1")),
+    "experiment file misspelled key": BadInput(("+experiment=misspelled", "{searchpath}"),
+                                               ("experiment/misspelled", "Key 'hypothesis' not in 'StudyConf'")),
+    "hypothesis with an unknown factor": BadInput(
+        ("+experiment=unknown_factor", "{searchpath}"),
+        ("study.hypotheses[0] (H-x).factor: unknown factor 'nosuch'", "accepted: ['capture', 'hicache'"),
+    ),
+    "hypothesis with an unknown level": BadInput(
+        ("study.hypotheses.0.treatment=maybe",),
+        ("study.hypotheses[0] (H-multistream).treatment: unknown level 'maybe'", "accepted: ['off', 'on']"),
+    ),
+    "invalid env name": BadInput(('++deployment.roles.decode.env={bad-name: "1"}',),
+                                 ("deployment.roles.decode.env: invalid variable name 'bad-name'", "[A-Z_][A-Z0-9_]*")),
+    "flag value with shell metacharacters": BadInput(
+        ("++deployment.roles.decode.flags={--tool-call-parser: 'x;touch {root}/pwned'}",),
+        ("deployment.roles.decode.flags.--tool-call-parser", "shell metacharacter", "accepted: plain words"),
+    ),
+    "invalid fault-model file": BadInput(
+        ("++deployment.roles.decode.env={HEISENHUNT_SIM_FAULT_MODEL: '{root}/bad_fault_model.yaml'}",
+         "deployment.roles.decode.preflight_module=orchestrator.sim.faults"),
+        ("decode: preflight `python -m orchestrator.sim.faults` refused the arm", "bad_fault_model.yaml",
+         "rules: expected a list"),
+        exit_nonzero=False,
+    ),
+    "unreachable tracking URI": BadInput(("tracking.uri=http://127.0.0.1:{closed_port}",),
+                                         ("tracking.uri: cannot reach", "accepted: a reachable MLflow server")),
+    "unwritable reports dir": BadInput(("report.dir={root}/a_file/reports",),
+                                       ("report.dir:", "is not a writable directory", "accepted:")),
+}
+
+
+@pytest.fixture
+def sentinel(study: Study) -> Iterator[tuple[int, str]]:
+    """A process this tool would stop on a co-restart: its pid file, with the start time, as decode's.
+    (No server runs anywhere, so stopping this is the only mark a restart could leave.)"""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        started = subprocess.run(["ps", "-o", "lstart=", "-p", str(proc.pid)], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+        pid_file = study.work_dir("decode") / "decode.pid"
+        pid_file.parent.mkdir(parents=True)
+        pid_file.write_text(f"{proc.pid}\n{started}\n")
+        yield proc.pid, pid_file.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
+def test_bad_input_is_refused_with_one_clear_message_before_any_restart(study, sentinel, case):
+    (study.root / "a_file").write_text("")
+    if "HEISENHUNT_SIM_FAULT_MODEL" in " ".join(case.overrides):
+        (study.root / "bad_fault_model.yaml").write_text(BAD_FAULT_MODEL)
+        check = subprocess.run([sys.executable, "-m", "orchestrator.sim.faults"], capture_output=True, text=True,
+                               env={**os.environ, "HEISENHUNT_SIM_FAULT_MODEL": str(study.root / "bad_fault_model.yaml")})
+        if check.returncode == 0:
+            pytest.skip("orchestrator.sim.faults has no `python -m` check entry point yet (the sim's owner adds it)")
+    searchpath = searchpath_dir(study.root, BAD_EXPERIMENTS)
+    overrides = [o.replace("{searchpath}", searchpath).replace("{root}", str(study.root))
+                 .replace("{closed_port}", str(free_port())) for o in case.overrides]
+    if not any(o.startswith("factor/multi_stream=") for o in overrides):
+        overrides.append("factor/multi_stream=on")
+    rc, out = study.run(*overrides, "repetition=0", "workload.sessions=2", *SMALL, timeout=120)
+    assert (rc != 0) == case.exit_nonzero, out[-4000:]
+    for text in case.expect:
+        assert text in out, f"{text!r} not in the output:\n{out[-4000:]}"
+    # nothing was restarted: the process a co-restart would have stopped runs on, its pid file untouched,
+    # and no server was started (no other pid file, no server log)
+    pid, pid_text = sentinel
+    assert group_alive(pid)
+    assert (study.work_dir("decode") / "decode.pid").read_text() == pid_text
+    assert study.pid_files() == [study.work_dir("decode") / "decode.pid"]
+    assert not any(study.root.glob("*/logs"))
+    assert not (study.root / "pwned").exists()
+
+
+def test_the_sentinel_is_what_a_restart_stops(study, sentinel):
+    """The control for the table above: with good input, the co-restart does stop the sentinel."""
+    rc, out = study.run("factor/multi_stream=on", "repetition=0", "workload.sessions=2", *SMALL, timeout=120)
+    assert rc == 0, out[-4000:]
+    assert not group_alive(sentinel[0])
+    assert [r.info.status for r in study.arm_runs()] == ["FINISHED"]
+    assert not study.live_servers() and not study.pid_files()
+
+
+# --- 6. secrets ------------------------------------------------------------------------------------------
+
+SECRET = "hunter2-secret-value"
+
+
+@pytest.mark.parametrize("given", ["literal", "from_env"])
+def test_secret_env_values_reach_no_param_tag_artifact_report_or_log(study, given, monkeypatch):
+    """A literal value on the command line, or (the way to pass one) `${oc.env:...}` read at run time."""
+    monkeypatch.setenv("HH_TEST_SECRET", SECRET)
+    value = SECRET if given == "literal" else "'${oc.env:HH_TEST_SECRET}'"
+    proc = study.start("factor/multi_stream=on", "repetition=0", "workload.sessions=2", *SMALL,
+                       f"++deployment.roles.decode.env={{HF_TOKEN: {value}, MY_API_KEY: {value}}}")
+    out = finish(proc, 120)
+    assert proc.returncode == 0, out[-4000:]
+    client = study.client()
+    exp = client.get_experiment_by_name(STUDY)
+    all_runs = client.search_runs([exp.experiment_id])
+    [arm] = study.arm_runs()
+    assert arm.info.status == "FINISHED"
+    # the secret reached the server (it ran with it) but is shown as *** wherever this tool writes
+    assert arm.data.params["env.decode.HF_TOKEN"] == "***" and arm.data.params["env.decode.MY_API_KEY"] == "***"
+    leaks = []
+    for run in all_runs:
+        for kind, mapping in (("param", run.data.params), ("tag", run.data.tags), ("metric", run.data.metrics)):
+            leaks += [f"{run.info.run_id} {kind} {k}" for k, v in mapping.items() if SECRET in f"{k}={v}"]
+        dst = study.root / "artifacts" / run.info.run_id
+        dst.mkdir(parents=True)
+        client.download_artifacts(run.info.run_id, "", str(dst))
+    assert len(list((study.root / "artifacts").rglob("*.log"))) >= 3  # the server logs were attached
+    files = [*(study.root / "artifacts").rglob("*"), *study.reports.rglob("*"), *study.job_dir(0).rglob("*.log"),
+             study.job_dir(0) / "resolved_config.yaml", *study.root.glob("*/logs/*/*.log")]
+    if given == "from_env":
+        # nothing under the sandbox holds it (Hydra's own snapshots keep `${oc.env:...}` unresolved),
+        # nor does the console
+        files += list(study.root.rglob("*"))
+        leaks += ["console"] if SECRET in out else []
+    leaks += [str(f) for f in files if f.is_file() and SECRET.encode() in f.read_bytes()]
+    assert not leaks, leaks
+
+
+# --- 7. load ----------------------------------------------------------------------------------------------
+
+LOAD_SESSIONS = 1000
+
+
+@pytest.mark.slow
+def test_a_thousand_concurrent_sessions_through_the_router_lose_no_outcome(study):
+    t0 = time.monotonic()
+    rc, out = study.run("factor/multi_stream=on", "repetition=0", f"workload.sessions={LOAD_SESSIONS}",
+                        "workload.rounds=1", "bench.enabled=false", timeout=500)
+    elapsed = time.monotonic() - t0
+    assert rc == 0, out[-4000:]
+    [run] = study.arm_runs()
+    m = run.data.metrics
+    assert run.info.status == "FINISHED", out[-3000:]
+    # every session has exactly one outcome, none of them a client error
+    outcomes = [json.loads(line) for line in (study.job_dir(0) / "stress" / "sessions.jsonl").read_text().splitlines()]
+    assert len(outcomes) == len({o["session_id"] for o in outcomes}) == LOAD_SESSIONS
+    assert m["sessions_total"] == m["sessions_planned"] == LOAD_SESSIONS and run.data.tags["outcomes"] == "complete"
+    assert m["sessions_errored"] == 0, [o["error"] for o in outcomes if o["status"] == "errored"][:5]
+    assert m["sessions_clean"] + m["sessions_corrupted"] == LOAD_SESSIONS
+    summary = json.loads((study.job_dir(0) / "stress" / "summary.json").read_text())
+    assert summary["settings"]["concurrency"] == LOAD_SESSIONS  # all at once
+    print(f"{LOAD_SESSIONS} concurrent sessions: stress {m['stress_duration_s']:.1f}s, arm {elapsed:.1f}s, "
+          f"{int(m['sessions_corrupted'])} corrupted, 0 errored")
+    assert not study.live_servers() and not study.listening()
+
+
+@pytest.mark.slow
+def test_an_impatient_user_pressing_ctrl_c_again_during_teardown_still_leaves_nothing_running(study):
+    proc = study.start("factor/multi_stream=on", "repetition=0", *LONG_STRESS)
+    sessions = study.job_dir(0) / "stress" / "sessions.jsonl"
+    wait_for(lambda: jsonl_lines(sessions) >= 3, 120, "3 sessions recorded", proc)
+    for _ in range(8):  # the first one interrupts; the rest land in the teardown
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.15)
+    out = finish(proc, 120)
+    assert not study.live_servers(), out[-4000:]
+    assert not study.listening() and not study.pid_files()
+    [run] = study.arm_runs()
+    assert run.info.status == "KILLED" and run.data.tags["outcomes"] == "partial", out[-3000:]

@@ -5,8 +5,9 @@ sleep the modelled step time for the running batch (captured graph up to `--cuda
 eager above it or everywhere with `--disable-cuda-graph`), then advance every running request by
 one token. There is no per-request sleep: throughput and latency come from the batch, as on a GPU.
 When a planned tool-call request joins the batch, the fault model's rule for (prefill config,
-decode config) gives the probability, over that batch size, that its output is corrupted, and with
-which shape. All sleeps are multiplied by the time scale.
+decode config) gives the probability, over the decode's load (requests held: running, queued or
+receiving KV), that its output is corrupted, and with which shape. All sleeps are multiplied by
+the time scale.
 
 The prefill loop takes queued prompts up to `--chunked-prefill-size` tokens per batch and sleeps the
 modelled prefill time of the batch.
@@ -15,11 +16,12 @@ modelled prefill time of the batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,8 @@ class SimCounters:
     model_time_s: float = 0.0  # modelled GPU seconds of those steps (unscaled)
     decode_steps: int = 0
     max_batch: int = 0  # largest running batch seen
+    planned_turns: int = 0  # tool-call turns the fault model could corrupt
+    planned_load_sum: int = 0  # sum over those turns of the load they joined (mean = sum / turns)
     captured_steps: int = 0
     eager_steps: int = 0
     requests: int = 0
@@ -104,10 +108,20 @@ class DecodeEngine:
         self.stream_interval = max(1, int(args.get("stream_interval") or 1))
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
+        self.inflight = 0  # requests held by the server: receiving KV, queued or running
         self._wake = asyncio.Event()
         self._stopped = False
         self._log_tokens = 0
         self._log_since = time.monotonic()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Count a request the server holds for this decode (receiving its KV, queued or running)."""
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
 
     def submit(self, request: DecodeRequest) -> None:
         self.counters.requests += 1
@@ -141,8 +155,11 @@ class DecodeEngine:
             batch = len(self.running)
             if batch == 0:
                 continue
+            # the fault's "batch": every request the decode holds now (running, queued, receiving KV);
+            # steadier than the running batch alone, which jitters with arrival timing
+            load = max(batch, self.inflight)
             for request in admitted:
-                self._admit(request, batch)
+                self._admit(request, load)
             captured = self.graph_enabled and batch <= self.max_graph_bs
             step = self.model.throughput.step_s(batch, captured, self.multi_stream)
             # absolute deadlines: sleep overshoot does not accumulate, but never catch up more than a step
@@ -155,6 +172,8 @@ class DecodeEngine:
     def _admit(self, request: DecodeRequest, batch: int) -> None:
         request.batch_at_admission = batch
         if request.reply is not None and request.reply.planned and request.prefill_config is not None:
+            self.counters.planned_turns += 1
+            self.counters.planned_load_sum += batch
             rule = self.model.rule_for(request.prefill_config, self.config)
             if rule is not None and self.rng.random() < rule.probability(batch):
                 shapes = list(rule.shapes)

@@ -319,6 +319,14 @@ class SimServer:
     # --- generation --------------------------------------------------------------------------
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        with self.decode.holding():
+            return await self._chat(request)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        with self.decode.holding():
+            return await self._generate(request)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body, problem = await self._json_body(request)
         if problem is not None:
             return problem
@@ -447,7 +455,7 @@ class SimServer:
             raise
         return response
 
-    async def generate(self, request: web.Request) -> web.StreamResponse:
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         body, problem = await self._json_body(request)
         if problem is not None:
             return problem
