@@ -27,6 +27,7 @@ from orchestrator.config import CONF_DIR, validate
 from orchestrator.deploy import DeployError, Deployment
 from orchestrator.factors import ArmPlan, plan_arm
 from orchestrator.observe import parse_decode_log
+from orchestrator.preflight import PreflightError
 from orchestrator.redact import redact_env, redact_text
 
 log = logging.getLogger("orchestrator")
@@ -38,22 +39,56 @@ def arm_label(plan: ArmPlan, baseline: dict[str, str]) -> str:
     return ",".join(changed) or "baseline"
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt while an arm runs, so teardown in `finally` happens."""
+class InterruptGuard:
+    """SIGINT and SIGTERM while an arm runs.
 
-    def handler(signum: int, frame: Any) -> None:
+    The first one raises KeyboardInterrupt, so the arm's `finally` tears everything down. Any later one
+    (an impatient second Ctrl-C) is logged and ignored until the arm is done: it must not cut the teardown
+    short and leave servers running. A signal that arrives during the teardown of an arm that ended on its
+    own is held and raised once the arm is recorded (`raise_pending`), so it still stops the sweep.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.shielded = False
+        self.pending: int | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.fired or self.shielded:
+            self.pending = self.pending or signum
+            log.warning("signal %d ignored: stopping the servers first", signum)
+            return
+        self.fired = True
         raise KeyboardInterrupt(f"signal {signum}")
 
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (some launchers): SIGTERM keeps its default
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[InterruptGuard]:
+        try:
+            previous = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+        except ValueError:  # not the main thread (some launchers): signals keep their defaults
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def shield(self) -> Iterator[None]:
+        """Hold signals while the block runs (the teardown)."""
+        self.shielded = True
+        try:
+            yield
+        finally:
+            self.shielded = False
+
+    def raise_pending(self) -> None:
+        if self.pending is not None and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt(f"signal {self.pending} (held during teardown)")
 
 
 def redacted_config_yaml(cfg: DictConfig) -> str:
@@ -91,13 +126,18 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     deployment = Deployment(cfg, plan, transports, run_label=f"{cfg.study.name}-{plan.signature}-r{repetition}",
                             on_event=lambda message: log.info(message))
     status = "FINISHED"
-    with sigterm_as_interrupt(), ArmTracker.start(cfg, plan, repetition, parent_run_id(cfg)) as tracker:
+    guard = InterruptGuard()
+    with guard.installed(), ArmTracker.start(cfg, plan, repetition, parent_run_id(cfg)) as tracker:
         tracker.log_artifact(config_file)
         try:
             _preflight(cfg, plan, transports, tracker)
             deployment.co_restart()
             tracker.log_startup(deployment.startup_s)
             _workload(cfg, plan, output_dir, tracker, deployment)
+        except PreflightError as e:
+            # bad input the hosts caught: nothing was restarted; the run says why, the sweep stops
+            tracker.fail(str(e))
+            raise
         except DeployError as e:
             log.error("arm %s failed: %s", label, e)
             tracker.fail(str(e).splitlines()[0], e.log_tail)
@@ -107,32 +147,24 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             tracker.fail(f"{type(e).__name__}: {e}")
             status = "FAILED"
         finally:
-            problems = deployment.stop_all()
-            _collect_logs(deployment, output_dir, tracker)
-            _gpus_after_teardown(cfg, transports, tracker)
-            close_all(transports)
+            with guard.shield():
+                problems = deployment.stop_all()
+                _collect_logs(deployment, output_dir, tracker)
+                _gpus_after_teardown(cfg, transports, tracker)
+                close_all(transports)
             if problems:
                 log.error("teardown problems: %s", problems)
+    guard.raise_pending()
     return {"status": status, "signature": plan.signature, "repetition": repetition, "arm": label,
             "run_id": tracker.run_id}
 
 
 def _preflight(cfg: DictConfig, plan: ArmPlan, transports: dict, tracker: Any) -> None:
-    """Each server host checks the arm's flags with its own parser, and says what it runs, before any
-    restart. A flag the host's sglang would refuse stops the arm here, with the running servers untouched."""
-    from orchestrator.preflight import PreflightError, host_provenance, validate_sglang_flags
+    """The hosts check the arm (again: a host may have changed since the sweep began) and say what
+    they run, before anything is restarted."""
+    from orchestrator.preflight import check_arm_on_hosts, host_provenance
 
-    for role in ("prefill", "decode"):
-        host, launch, role_plan = cfg.cluster.hosts[role], cfg.deployment.roles[role], plan.roles[role]
-        kwargs = {"parser": str(launch.flag_parser)} if launch.flag_parser else {}
-        validate_sglang_flags(transports[role], str(host.python), role_plan.argv, env=role_plan.env, **kwargs)
-        if launch.preflight_module:
-            check = transports[role].run([str(host.python), "-m", str(launch.preflight_module)],
-                                         env=role_plan.env, timeout=120.0, check=False)
-            if check.returncode != 0:
-                output = redact_text((check.stderr or check.stdout).strip(), role_plan.env)
-                raise PreflightError(f"{role}: preflight `python -m {launch.preflight_module}` refused the arm "
-                                     f"(exit {check.returncode}):\n{output[-3000:]}")
+    check_arm_on_hosts(cfg, plan, transports)
     for role in ("prefill", "decode"):
         host = cfg.cluster.hosts[role]
         info = host_provenance(transports[role], str(host.python), host.server_checkout)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import CompactHydraException
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 # conf/ ships inside the package (a symlink in the repo, real files in a wheel)
@@ -32,8 +33,9 @@ TESTS = ("fisher", "boschloo")
 DESIGNS = ("ofat", "factorial")
 
 
-class ConfigError(ValueError):
-    """Bad configuration, found before anything was started. Holds every problem found."""
+class ConfigError(CompactHydraException, ValueError):
+    """Bad configuration, found before anything was started. Holds every problem found.
+    (A CompactHydraException: Hydra prints the message alone, without a stack trace.)"""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
@@ -68,6 +70,8 @@ class HostConf:
     port: int = MISSING
     # prefill only: the PD bootstrap port decode pulls the hand-off from
     bootstrap_port: int | None = None
+    # router only: its Prometheus port (sglang-router's default 29000 clashes when routers share a host)
+    metrics_port: int | None = None
     # pid files and logs of the servers this tool starts live here, per study
     work_dir: str = MISSING
     # the address servers bind to on that host (0.0.0.0 to serve other hosts)

@@ -121,7 +121,8 @@ class Deployment:
     def check_ports_free(self) -> None:
         for role in ROLES:
             host = self.cfg.cluster.hosts[role]
-            ports = [int(host.port)] + ([int(host.bootstrap_port)] if role == "prefill" else [])
+            extra = {"prefill": host.get("bootstrap_port"), "router": host.get("metrics_port")}.get(role)
+            ports = [int(host.port)] + ([int(extra)] if extra is not None else [])
             for port in ports:
                 if self.transports[role].port_listening(port):
                     raise DeployError(role, f"port {port} on {host.address} is still in use by a process this "

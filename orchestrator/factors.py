@@ -114,13 +114,17 @@ def topology_flags(role: str, cfg: DictConfig) -> dict[str, Any]:
     prefill_url = f"http://{url_host(hosts.prefill)}:{hosts.prefill.port}"
     decode_url = f"http://{url_host(hosts.decode)}:{hosts.decode.port}"
     if role == "router":
-        return {
+        flags = {
             "--pd-disaggregation": None,
             "--prefill": [prefill_url, str(hosts.prefill.bootstrap_port)],
             "--decode": decode_url,
             "--host": hosts.router.bind,
             "--port": str(hosts.router.port),
         }
+        if hosts.router.metrics_port is not None:
+            flags["--prometheus-host"] = hosts.router.bind
+            flags["--prometheus-port"] = str(hosts.router.metrics_port)
+        return flags
     flags: dict[str, Any] = {
         "--model-path": str(cfg.deployment.model_path),
         "--disaggregation-mode": role,

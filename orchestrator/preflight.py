@@ -298,3 +298,29 @@ def host_provenance(
         checkout_dirty=git["dirty"],
         gpu_memory_used_mib=tuple(gpus) if gpus is not None else None,
     )
+
+
+# --- the arm, checked on its hosts before any restart -----------------------------------------------------
+
+
+def check_arm_on_hosts(cfg: Any, plan: Any, transports: Mapping[str, Transport]) -> None:
+    """Each server host checks the arm's flags with its own parser (the host's sglang, or the
+    deployment's `flag_parser`) and runs the deployment's `preflight_module` with the role's env.
+    Raises PreflightError naming the role and what was refused; touches no running server."""
+    from orchestrator.redact import redact_text
+
+    for role in ("prefill", "decode"):
+        host, launch, role_plan = cfg.cluster.hosts[role], cfg.deployment.roles[role], plan.roles[role]
+        t, python = transports[role], str(host.python)
+        kwargs = {"parser": str(launch.flag_parser)} if launch.get("flag_parser") else {}
+        try:
+            validate_sglang_flags(t, python, role_plan.argv, env=role_plan.env, **kwargs)
+        except FlagError as e:
+            raise PreflightError(f"{role}: {e}") from e
+        module = launch.get("preflight_module")
+        if module:
+            check = t.run([python, "-m", str(module)], env=role_plan.env, timeout=120.0, check=False)
+            if check.returncode != 0:
+                output = redact_text((check.stderr or check.stdout).strip(), role_plan.env)
+                raise PreflightError(f"{role}: `python -m {module}` on {t.host} refused the arm "
+                                     f"(exit {check.returncode}): {output[-3000:]}")

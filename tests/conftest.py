@@ -25,6 +25,7 @@ def local_cluster_overrides(tmp_path: Path) -> list[str]:
     for role in ("prefill", "decode", "router"):
         overrides += [f"cluster.hosts.{role}.port={free_port()}", f"cluster.hosts.{role}.work_dir={tmp_path}/{role}"]
     overrides.append(f"cluster.hosts.prefill.bootstrap_port={free_port()}")
+    overrides.append(f"cluster.hosts.router.metrics_port={free_port()}")
     return overrides
 
 

@@ -79,6 +79,13 @@ def test_ofat_design_is_baseline_plus_one_factor_at_a_time_times_repetitions():
         assert sum(a != b for a, b in zip(arm, base, strict=True)) == 1
 
 
+def test_ofat_treats_a_factor_pinned_to_one_level_as_a_constant():
+    choices = _choices(factor__multi_stream=["on", "off"], factor__capture=["eager"], repetition=["0", "1"])
+    jobs = ofat_jobs(choices, {"multi_stream": "on", "capture": "graph"})
+    assert len(jobs) == 2 * 2
+    assert all("factor/capture=eager" in job for job in jobs)
+
+
 def test_ofat_refuses_a_baseline_level_that_is_not_swept():
     with pytest.raises(HydraException, match="not among the swept levels"):
         ofat_jobs(_choices(factor__capture=["graph", "eager"]), {"capture": "turbo"})

@@ -65,8 +65,7 @@ class Study:
             "hydra.sweep.subdir=${hydra.job.num}",
             # a server that will not stop is killed quickly
             "deployment.stop_grace_s=5",
-            # the router's metrics exporter defaults to port 29000: taken by any other router on this machine
-            f"++deployment.roles.router.flags={{--prometheus-port: {self.ports['metrics']}}}",
+            f"cluster.hosts.router.metrics_port={self.ports['metrics']}",
         ]
         return out
 
@@ -217,10 +216,11 @@ def searchpath_dir(root: Path, files: dict[str, str]) -> str:
 # --- 1. a failing arm does not sink the sweep ----------------------------------------------------------
 
 
-# A level added through a test config dir (options of one group merge across the search path): it passes
-# a flag that is well-formed, so config validation accepts it, but the server's argparse refuses it.
+# A level added through a test config dir (options of one group merge across the search path). Its flag
+# value is well-formed (config validation accepts it) and the host's flag parser accepts it too (the
+# preflight passes), but the server's own check refuses it at start: a server that will not start.
 BROKEN_LEVEL = {
-    "factor/multi_stream/broken.yaml": "level: broken\nroles:\n  decode: {flags: {--no-such-flag: null}}\n",
+    "factor/multi_stream/broken.yaml": "level: broken\nroles:\n  decode: {flags: {--cuda-graph-max-bs: 0}}\n",
 }
 
 
@@ -239,7 +239,7 @@ def test_an_arm_whose_server_will_not_start_is_a_failed_run_and_the_sweep_goes_o
     assert bad.data.tags["failure_reason"].startswith("decode: exited before becoming healthy")
     failure = artifact_text(study.client(), bad.info.run_id, "failure/failure.txt", study.root / "dl")
     # the log tail shows why: the server's own argparse error
-    assert "unrecognized arguments: --no-such-flag" in failure
+    assert "error: --cuda-graph-max-bs must be >= 1" in failure
     # the report lists the failed arm and why
     report = json.loads((study.reports / STUDY / "report.json").read_text())
     problems = [p for p in report["problem_runs"] if p["status"] == "FAILED"]
@@ -429,10 +429,15 @@ BAD_INPUTS = {
         ("++deployment.roles.decode.flags={--tool-call-parser: 'x;touch {root}/pwned'}",),
         ("deployment.roles.decode.flags.--tool-call-parser", "shell metacharacter", "accepted: plain words"),
     ),
+    "flag the server's parser refuses": BadInput(
+        ("++deployment.roles.decode.flags={--no-such-flag: null}",),
+        ("FlagError", "does not know --no-such-flag"),
+        exit_nonzero=False,
+    ),
+    # the shipped sim deployment's preflight (`python -m orchestrator.sim.check`) loads the fault model
     "invalid fault-model file": BadInput(
-        ("++deployment.roles.decode.env={HEISENHUNT_SIM_FAULT_MODEL: '{root}/bad_fault_model.yaml'}",
-         "deployment.roles.decode.preflight_module=orchestrator.sim.faults"),
-        ("decode: preflight `python -m orchestrator.sim.faults` refused the arm", "bad_fault_model.yaml",
+        ("++deployment.roles.decode.env={HEISENHUNT_SIM_FAULT_MODEL: '{root}/bad_fault_model.yaml'}",),
+        ("decode: preflight `python -m orchestrator.sim.check` refused the arm", "bad_fault_model.yaml",
          "rules: expected a list"),
         exit_nonzero=False,
     ),
@@ -463,12 +468,7 @@ def sentinel(study: Study) -> Iterator[tuple[int, str]]:
 @pytest.mark.parametrize("case", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
 def test_bad_input_is_refused_with_one_clear_message_before_any_restart(study, sentinel, case):
     (study.root / "a_file").write_text("")
-    if "HEISENHUNT_SIM_FAULT_MODEL" in " ".join(case.overrides):
-        (study.root / "bad_fault_model.yaml").write_text(BAD_FAULT_MODEL)
-        check = subprocess.run([sys.executable, "-m", "orchestrator.sim.faults"], capture_output=True, text=True,
-                               env={**os.environ, "HEISENHUNT_SIM_FAULT_MODEL": str(study.root / "bad_fault_model.yaml")})
-        if check.returncode == 0:
-            pytest.skip("orchestrator.sim.faults has no `python -m` check entry point yet (the sim's owner adds it)")
+    (study.root / "bad_fault_model.yaml").write_text(BAD_FAULT_MODEL)
     searchpath = searchpath_dir(study.root, BAD_EXPERIMENTS)
     overrides = [o.replace("{searchpath}", searchpath).replace("{root}", str(study.root))
                  .replace("{closed_port}", str(free_port())) for o in case.overrides]

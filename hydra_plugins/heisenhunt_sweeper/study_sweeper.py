@@ -70,13 +70,14 @@ def _value(assignment: str) -> str:
 
 def ofat_jobs(choices: OrderedDict[str, list[str]], baseline: dict[str, str]) -> list[list[str]]:
     """Baseline plus one-factor-at-a-time deviations, times the product of the non-factor keys."""
-    factor_keys = [k for k in choices if k.lstrip("+~").startswith(FACTOR_PREFIX)]
+    # a factor pinned to one level (e.g. on the command line) is a constant of the sweep, not an arm
+    factor_keys = [k for k in choices if k.lstrip("+~").startswith(FACTOR_PREFIX) and len(choices[k]) > 1]
     other_keys = [k for k in choices if k not in factor_keys]
     base: dict[str, str] = {}
     for key in factor_keys:
         name = key.lstrip("+~")[len(FACTOR_PREFIX):]
         levels = [_value(a) for a in choices[key]]
-        wanted = baseline.get(name, levels[0] if len(levels) == 1 else None)
+        wanted = baseline.get(name)
         if wanted is None:
             raise HydraException(f"design=ofat sweeps {key} over {levels} but study.baseline.{name} is not set; "
                                  f"set it to one of {levels}")
@@ -152,12 +153,47 @@ class StudySweeper(BasicSweeper):
             check_local_side(str(self.config.tracking.uri), str(self.config.report.dir))
         except ConfigError as e:
             problems += e.problems
+        planned = []
         for overrides in batch:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             try:
                 validate(cfg)
-                plan_arm(cfg)
+                planned.append((overrides, cfg, plan_arm(cfg)))
             except ConfigError as e:
                 problems += [f"[{' '.join(overrides)}] {p}" for p in e.problems]
+        if not problems:
+            problems += self._check_on_hosts(planned)
         if problems:
             raise ConfigError(sorted(set(problems)))
+
+    @staticmethod
+    def _check_on_hosts(planned) -> list[str]:
+        """Every distinct arm checked by its hosts (flags, preflight module) before the first job."""
+        from orchestrator.preflight import PreflightError, check_arm_on_hosts
+        from orchestrator.remote import close_all, make_transports
+        from orchestrator.remote.base import TransportError
+
+        problems: list[str] = []
+        by_cluster: dict[str, list] = {}
+        for overrides, cfg, plan in planned:
+            by_cluster.setdefault(OmegaConf.to_yaml(cfg.cluster), []).append((overrides, cfg, plan))
+        for jobs in by_cluster.values():
+            cfg0 = jobs[0][1]
+            try:
+                transports = make_transports({role: cfg0.cluster.hosts[role] for role in ("prefill", "decode")})
+            except TransportError as e:
+                problems.append(f"cluster {cfg0.cluster.name}: {e}")
+                continue
+            try:
+                seen = set()
+                for overrides, cfg, plan in jobs:
+                    if plan.signature in seen:
+                        continue
+                    seen.add(plan.signature)
+                    try:
+                        check_arm_on_hosts(cfg, plan, transports)
+                    except (PreflightError, TransportError) as e:
+                        problems.append(f"[{' '.join(overrides)}] {e}")
+            finally:
+                close_all(transports)
+        return problems
