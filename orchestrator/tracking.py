@@ -126,10 +126,9 @@ def secret_env(config: DictConfig) -> dict[str, str]:
             if is_secret_name(str(name)):
                 try:
                     found[str(name)] = str(env[name])
-                except Exception:  # noqa: BLE001 - an interpolation that cannot resolve here holds no value
+                except Exception:  # an interpolation that cannot resolve here holds no value
                     log.debug("env %s does not resolve here; nothing to redact", name)
     return found
-
 
 
 def _sweep_dir(cfg: Any) -> str | None:

@@ -47,3 +47,18 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
     fix = next(t for t in report["throughput"] if t["arm"] == "multi_stream=off")
     assert fix["verdict"] == "no regression", fix
     assert not no_servers_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_a_report(tmp_path):
+    proc = orchestrator(tmp_path)  # `python -m orchestrator` with no arguments but test-local ports/paths
+    out = finish(proc, 600)
+    assert proc.returncode == 0, out[-5000:]
+    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
+    assert verdicts(report) == {"H-multistream": "implicated"}, out[-3000:]
+    assert {a["label"] for a in report["arms"]} == {"baseline", "multi_stream=off"}
+    assert all(len(a["runs"]) == 2 for a in report["arms"])  # two repetitions each
+    fix = next(t for t in report["throughput"] if t["arm"] == "multi_stream=off")
+    assert fix["verdict"] == "no regression", fix
+    assert "orchestrator.sim.server" in report["arms"][0]["config"]["decode"]["argv"]
+    assert (tmp_path / "reports" / "quick" / "report.md").read_text().startswith("# quick: Implicated: H-multistream")

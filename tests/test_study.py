@@ -19,17 +19,35 @@ import pytest
 
 from tests.conftest import local_cluster_overrides
 
-SMALL = ["workload.sessions=12", "workload.rounds=2", "bench.concurrency=[1,4]", "bench.requests_per_worker=2",
-         "bench.output_len=16", "bench.input_len=64"]
+SMALL = [
+    "workload.sessions=12",
+    "workload.rounds=2",
+    "bench.concurrency=[1,4]",
+    "bench.requests_per_worker=2",
+    "bench.output_len=16",
+    "bench.input_len=64",
+]
 
 
 def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "orchestrator", *local_cluster_overrides(tmp_path),
-            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
-            f"hydra.sweep.dir={tmp_path}/multirun", *overrides]
+    # Hydra's flags (-m, --cfg ...) must come before the overrides, or argparse refuses them
+    flags = [o for o in overrides if o.startswith("-")]
+    overrides = tuple(o for o in overrides if not o.startswith("-"))
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        *flags,
+        *local_cluster_overrides(tmp_path),
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"report.dir={tmp_path}/reports",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **popen)
+    return subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> str:
@@ -53,7 +71,8 @@ def no_servers_left(tmp_path: Path) -> list[str]:
     """Processes of ours still running: any pid named by a pid file, or anything on our work dirs."""
     left = []
     for pid_file in tmp_path.glob("*/*.pid"):
-        pid = int(pid_file.read_text().strip())
+        # line 1 the pid, line 2 its start time
+        pid = int(pid_file.read_text().splitlines()[0])
         try:
             os.kill(pid, 0)
             state = Path(f"/proc/{pid}/stat").read_text().split()[2]
@@ -73,9 +92,50 @@ def test_a_two_factor_multirun_runs_every_arm_and_reports(tmp_path):
     assert len(children) == 4, out[-3000:]
     assert {r.info.status for r in children} == {"FINISHED"}
     assert {(r.data.params["factor.multi_stream"], r.data.params["factor.capture"]) for r in children} == {
-        ("on", "graph"), ("on", "eager"), ("off", "graph"), ("off", "eager")}
+        ("on", "graph"),
+        ("on", "eager"),
+        ("off", "graph"),
+        ("off", "eager"),
+    }
     # the same param keys on every arm: MLflow's compare view lines them up
     assert len({frozenset(r.data.params) for r in children}) == 1
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
     assert {h["id"] for h in report["hypotheses"]} == {"H-multistream"}
     assert not no_servers_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_first_arm_stops_the_sweep_and_leaves_nothing_running(tmp_path):
+    proc = orchestrator(
+        tmp_path,
+        "-m",
+        "factor/multi_stream=on,off",
+        "repetition=0",
+        "workload.sessions=200",
+        "workload.rounds=4",
+        "workload.concurrency=2",
+        "bench.enabled=false",
+    )
+    try:
+        sessions = tmp_path / "multirun" / "0" / "stress" / "sessions.jsonl"
+        deadline = time.monotonic() + 120
+        while not (sessions.is_file() and sessions.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the first arm never reached its stress phase"
+            )
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    # the sweep stopped: the second arm never started, the first is KILLED, so is the parent
+    assert not (tmp_path / "multirun" / "1").exists(), out[-3000:]
+    by_kind = {}
+    for run in runs(tmp_path, "quick"):
+        by_kind.setdefault(run.data.tags.get("heisenhunt.kind"), []).append(run.info.status)
+    assert by_kind == {"arm": ["KILLED"], "study": ["KILLED"]}, out[-3000:]
+    assert not no_servers_left(tmp_path)
+    assert not list(tmp_path.glob("*/*.pid"))
