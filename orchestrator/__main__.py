@@ -114,17 +114,28 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     repetition = int(cfg.repetition)
     label = arm_label(plan, dict(cfg.study.baseline))
     output_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.resume and (plan.signature, repetition) in finished_runs(str(cfg.tracking.uri), str(cfg.study.name)):
-        log.info("resume: %s repetition %d (signature %s) already FINISHED; skipped", label, repetition,
-                 plan.signature)
+    if cfg.resume and (plan.signature, repetition) in finished_runs(
+        str(cfg.tracking.uri), str(cfg.study.name)
+    ):
+        log.info(
+            "resume: %s repetition %d (signature %s) already FINISHED; skipped",
+            label,
+            repetition,
+            plan.signature,
+        )
         return {"status": "SKIPPED", "signature": plan.signature, "repetition": repetition, "arm": label}
 
     log.info("arm %s, repetition %d, signature %s", label, repetition, plan.signature)
     config_file = output_dir / "resolved_config.yaml"
     config_file.write_text(redacted_config_yaml(cfg))
     transports = make_transports({role: cfg.cluster.hosts[role] for role in plan.roles})
-    deployment = Deployment(cfg, plan, transports, run_label=f"{cfg.study.name}-{plan.signature}-r{repetition}",
-                            on_event=lambda message: log.info(message))
+    deployment = Deployment(
+        cfg,
+        plan,
+        transports,
+        run_label=f"{cfg.study.name}-{plan.signature}-r{repetition}",
+        on_event=lambda message: log.info(message),
+    )
     status = "FINISHED"
     guard = InterruptGuard()
     with guard.installed(), ArmTracker.start(cfg, plan, repetition, parent_run_id(cfg)) as tracker:
@@ -155,8 +166,13 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             if problems:
                 log.error("teardown problems: %s", problems)
     guard.raise_pending()
-    return {"status": status, "signature": plan.signature, "repetition": repetition, "arm": label,
-            "run_id": tracker.run_id}
+    return {
+        "status": status,
+        "signature": plan.signature,
+        "repetition": repetition,
+        "arm": label,
+        "run_id": tracker.run_id,
+    }
 
 
 def _preflight(cfg: DictConfig, plan: ArmPlan, transports: dict, tracker: Any) -> None:
@@ -178,7 +194,7 @@ def _gpus_after_teardown(cfg: DictConfig, transports: dict, tracker: Any) -> Non
     for role in ("prefill", "decode"):
         try:
             used = gpu_memory_used(transports[role])
-        except Exception as e:  # noqa: BLE001 - a provenance probe must not mask the arm's own outcome
+        except Exception as e:
             log.warning("could not read GPU memory on %s after teardown: %s", role, e)
             continue
         if used is not None:
@@ -193,14 +209,22 @@ def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any, de
     w = cfg.workload
     try:
         summary = run_stress_sync(
-            url=plan.router_url, sessions=int(w.sessions), rounds=int(w.rounds),
+            url=plan.router_url,
+            sessions=int(w.sessions),
+            rounds=int(w.rounds),
             concurrency=int(w.concurrency) if w.concurrency else None,
-            seed=int(w.seed) + int(cfg.repetition) * 7919, model=str(cfg.deployment.served_model),
-            timeout_s=float(w.timeout_s), out_dir=stress_dir, check_plan=bool(w.check_plan),
+            seed=int(w.seed) + int(cfg.repetition) * 7919,
+            model=str(cfg.deployment.served_model),
+            timeout_s=float(w.timeout_s),
+            out_dir=stress_dir,
+            check_plan=bool(w.check_plan),
+            server_gone=lambda: f"{role} is no longer running" if (role := deployment.dead_role()) else None,
         )
     except BaseException:
         # whatever completed before the interrupt or crash is kept, marked partial by its counts
-        tracker.log_stress(summarize_jsonl(stress_dir / "sessions.jsonl", planned=int(w.sessions)), stress_dir)
+        tracker.log_stress(
+            summarize_jsonl(stress_dir / "sessions.jsonl", planned=int(w.sessions)), stress_dir
+        )
         raise
     tracker.log_stress(summary, stress_dir)
     deployment.check_alive("the stress workload")
@@ -208,10 +232,15 @@ def _workload(cfg: DictConfig, plan: ArmPlan, output_dir: Path, tracker: Any, de
         b = cfg.bench
         bench_dir = output_dir / "bench"
         result = run_bench_sync(
-            url=plan.router_url, concurrency_levels=[int(c) for c in b.concurrency],
-            requests_per_worker=int(b.requests_per_worker), input_len=int(b.input_len),
-            output_len=int(b.output_len), model=str(cfg.deployment.served_model),
-            warmup_requests=int(b.warmup_requests), timeout_s=float(b.timeout_s), out_dir=bench_dir,
+            url=plan.router_url,
+            concurrency_levels=[int(c) for c in b.concurrency],
+            requests_per_worker=int(b.requests_per_worker),
+            input_len=int(b.input_len),
+            output_len=int(b.output_len),
+            model=str(cfg.deployment.served_model),
+            warmup_requests=int(b.warmup_requests),
+            timeout_s=float(b.timeout_s),
+            out_dir=bench_dir,
         )
         tracker.log_bench(result, bench_dir)
         deployment.check_alive("the throughput sweep")

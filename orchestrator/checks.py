@@ -23,8 +23,12 @@ def check_writable_dir(path: str | Path, key: str) -> None:
         with tempfile.NamedTemporaryFile(dir=target, prefix=".heisenhunt-check-"):
             pass
     except OSError as e:
-        raise ConfigError([f"{key}: {str(target)!r} is not a writable directory ({e.strerror or e}); "
-                           f"accepted: a directory this user can create and write"]) from e
+        raise ConfigError(
+            [
+                f"{key}: {str(target)!r} is not a writable directory ({e.strerror or e}); "
+                f"accepted: a directory this user can create and write"
+            ]
+        ) from e
 
 
 def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
@@ -33,11 +37,15 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
     scheme = parsed.scheme
     if scheme == "sqlite":
         # sqlite:///relative.db or sqlite:////absolute.db
-        db_path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        db_path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
         if not db_path:
-            raise ConfigError([f"tracking.uri: {uri!r} names no database file; accepted: sqlite:///path/to/file.db"])
-        check_writable_dir(Path(db_path).parent if Path(db_path).parent != Path("") else Path("."),
-                           "tracking.uri (sqlite folder)")
+            raise ConfigError(
+                [f"tracking.uri: {uri!r} names no database file; accepted: sqlite:///path/to/file.db"]
+            )
+        check_writable_dir(
+            Path(db_path).parent if Path(db_path).parent != Path("") else Path("."),
+            "tracking.uri (sqlite folder)",
+        )
     elif scheme in ("", "file"):
         check_writable_dir(parsed.path or uri, "tracking.uri (file store)")
     elif scheme in ("http", "https"):
@@ -47,24 +55,33 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
                 if response.status != 200:
                     raise OSError(f"HTTP {response.status}")
         except urllib.error.HTTPError as e:
-            raise ConfigError([f"tracking.uri: {uri!r} answered {health} with HTTP {e.code}; accepted: a "
-                               f"reachable MLflow tracking server"]) from e
+            raise ConfigError(
+                [
+                    f"tracking.uri: {uri!r} answered {health} with HTTP {e.code}; accepted: a "
+                    f"reachable MLflow tracking server"
+                ]
+            ) from e
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise ConfigError([f"tracking.uri: cannot reach {uri!r} within {timeout_s:.0f}s ({reason}); "
-                               f"accepted: a reachable MLflow server, sqlite:///file.db or a folder"]) from e
+            raise ConfigError(
+                [
+                    f"tracking.uri: cannot reach {uri!r} within {timeout_s:.0f}s ({reason}); "
+                    f"accepted: a reachable MLflow server, sqlite:///file.db or a folder"
+                ]
+            ) from e
     # other schemes (databricks, postgresql, ...) are checked by MLflow itself on first use
 
 
 def check_local_side(tracking_uri: str, reports_dir: str) -> None:
     """Every local check, all problems reported together."""
     problems: list[str] = []
-    for check in (lambda: check_tracking_uri(tracking_uri), lambda: check_writable_dir(reports_dir, "report.dir")):
+    for check in (
+        lambda: check_tracking_uri(tracking_uri),
+        lambda: check_writable_dir(reports_dir, "report.dir"),
+    ):
         try:
             check()
         except ConfigError as e:
             problems += e.problems
     if problems:
         raise ConfigError(problems)
-
-

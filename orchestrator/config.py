@@ -236,14 +236,16 @@ def available_levels(cfg: DictConfig) -> dict[str, list[str]]:
     """Every factor and its levels as shipped in conf/factor (and any searchpath), for messages."""
     from orchestrator.factors import discover_factor_levels
 
-    return discover_factor_levels()
+    return discover_factor_levels(list(OmegaConf.select(cfg, "hydra.searchpath", default=None) or []))
 
 
 def validate_env(where: str, env: Mapping[str, Any]) -> list[str]:
     problems = []
     for name, value in env.items():
         if not ENV_NAME.match(str(name)):
-            problems.append(f"{where}.env: invalid variable name {name!r}; names must match {ENV_NAME.pattern}")
+            problems.append(
+                f"{where}.env: invalid variable name {name!r}; names must match {ENV_NAME.pattern}"
+            )
         if value is None or isinstance(value, (dict, list)):
             problems.append(f"{where}.env.{name}: value must be a string or number, got {value!r}")
     return problems
@@ -253,20 +255,26 @@ def validate_flags(where: str, flags: Mapping[str, Any]) -> list[str]:
     problems = []
     for name, value in flags.items():
         if not FLAG_NAME.match(str(name)):
-            problems.append(f"{where}.flags: invalid flag {name!r}; flags must start with '--' "
-                            f"and match {FLAG_NAME.pattern}")
+            problems.append(
+                f"{where}.flags: invalid flag {name!r}; flags must start with '--' "
+                f"and match {FLAG_NAME.pattern}"
+            )
         values = value if isinstance(value, (list, tuple, ListConfig)) else [value]
         for v in values:
             if v is None or isinstance(v, bool):
                 if isinstance(v, bool):
-                    problems.append(f"{where}.flags.{name}: booleans are ambiguous; use null for a switch "
-                                    f"or remove the flag")
+                    problems.append(
+                        f"{where}.flags.{name}: booleans are ambiguous; use null for a switch "
+                        f"or remove the flag"
+                    )
                 continue
             if isinstance(v, (dict, DictConfig)):
                 problems.append(f"{where}.flags.{name}: value must be null, a scalar or a list of scalars")
             elif SHELL_META.search(str(v)):
-                problems.append(f"{where}.flags.{name}: value {str(v)!r} contains a shell metacharacter; "
-                                f"accepted: plain words, numbers, paths, URLs")
+                problems.append(
+                    f"{where}.flags.{name}: value {str(v)!r} contains a shell metacharacter; "
+                    f"accepted: plain words, numbers, paths, URLs"
+                )
     return problems
 
 
@@ -277,10 +285,14 @@ def validate(cfg: DictConfig) -> None:
     for role in ROLES:
         host = hosts[role]
         if host.transport not in TRANSPORTS:
-            problems.append(f"cluster.hosts.{role}.transport: {host.transport!r} is not one of {list(TRANSPORTS)}")
+            problems.append(
+                f"cluster.hosts.{role}.transport: {host.transport!r} is not one of {list(TRANSPORTS)}"
+            )
         if host.transport == "ssh" and host.ssh.host_key_policy not in HOST_KEY_POLICIES:
-            problems.append(f"cluster.hosts.{role}.ssh.host_key_policy: {host.ssh.host_key_policy!r} is not one "
-                            f"of {list(HOST_KEY_POLICIES)}")
+            problems.append(
+                f"cluster.hosts.{role}.ssh.host_key_policy: {host.ssh.host_key_policy!r} is not one "
+                f"of {list(HOST_KEY_POLICIES)}"
+            )
     if hosts.prefill.bootstrap_port is None:
         problems.append("cluster.hosts.prefill.bootstrap_port: required (the PD bootstrap port)")
     for role in ROLES:
@@ -298,8 +310,10 @@ def validate(cfg: DictConfig) -> None:
         if "/" in str(key):
             group = str(key).partition("/")[0]
             accepted = sorted(known) if group == "factor" else "an existing config group"
-            problems.append(f"{key}: unknown config group {key!r} (option {cfg[key]!r}); accepted "
-                            f"{group} names: {accepted}")
+            problems.append(
+                f"{key}: unknown config group {key!r} (option {cfg[key]!r}); accepted "
+                f"{group} names: {accepted}"
+            )
     for name, node in (cfg.get("factor") or {}).items():
         for role, delta in (node.get("roles") or {}).items():
             where = f"factor.{name} (level {node.level}).roles.{role}"
@@ -329,14 +343,18 @@ def _yaml_bool(value: Any) -> bool:
     return isinstance(value, bool) or value in ("True", "False")
 
 
-def validate_study(study: DictConfig, selected: Mapping[str, str], known: Mapping[str, list[str]]) -> list[str]:
+def validate_study(
+    study: DictConfig, selected: Mapping[str, str], known: Mapping[str, list[str]]
+) -> list[str]:
     """Problems with the study's baseline and hypotheses against the factors that exist."""
     problems = []
     factors_accepted = sorted(known)
     for factor, level in _as_dict(study.baseline).items():
         if _yaml_bool(level):
-            problems.append(f"study.baseline.{factor}: YAML read {level!r} as a boolean; quote the level "
-                            f"(e.g. \"on\"); accepted: {known.get(factor, [])}")
+            problems.append(
+                f"study.baseline.{factor}: YAML read {level!r} as a boolean; quote the level "
+                f'(e.g. "on"); accepted: {known.get(factor, [])}'
+            )
         elif factor not in known:
             problems.append(f"study.baseline.{factor}: unknown factor; accepted: {factors_accepted}")
         elif str(level) not in known[factor]:
@@ -353,17 +371,24 @@ def validate_study(study: DictConfig, selected: Mapping[str, str], known: Mappin
         for key in ("baseline", "treatment"):
             level = str(hyp[key])
             if _yaml_bool(hyp[key]):
-                problems.append(f"{where}.{key}: YAML read {hyp[key]!r} as a boolean; quote the level "
-                                f"(e.g. \"off\"); accepted: {known[hyp.factor]}")
+                problems.append(
+                    f"{where}.{key}: YAML read {hyp[key]!r} as a boolean; quote the level "
+                    f'(e.g. "off"); accepted: {known[hyp.factor]}'
+                )
             elif level not in known[hyp.factor]:
-                problems.append(f"{where}.{key}: unknown level {level!r} of factor {hyp.factor}; "
-                                f"accepted: {known[hyp.factor]}")
+                problems.append(
+                    f"{where}.{key}: unknown level {level!r} of factor {hyp.factor}; "
+                    f"accepted: {known[hyp.factor]}"
+                )
         if str(hyp.baseline) == str(hyp.treatment):
             problems.append(f"{where}: baseline and treatment are the same level {hyp.baseline!r}")
         base = _as_dict(study.baseline).get(hyp.factor)
         if base is not None and str(base) != str(hyp.baseline):
-            problems.append(f"{where}.baseline: {hyp.baseline!r} differs from study.baseline.{hyp.factor} "
-                            f"= {base!r}")
+            problems.append(
+                f"{where}.baseline: {hyp.baseline!r} differs from study.baseline.{hyp.factor} = {base!r}"
+            )
     if not selected:
-        problems.append("factor: no factor selected; the primary config's defaults list selects factor/<name>")
+        problems.append(
+            "factor: no factor selected; the primary config's defaults list selects factor/<name>"
+        )
     return problems

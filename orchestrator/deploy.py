@@ -56,7 +56,9 @@ class Paths:
 
 def role_paths(work_dir: str, role: str, run_label: str) -> Paths:
     # The pid file name is stable per role, so a later run finds what a crashed one left running.
-    return Paths(pid=f"{work_dir.rstrip('/')}/{role}.pid", log=f"{work_dir.rstrip('/')}/logs/{run_label}/{role}.log")
+    return Paths(
+        pid=f"{work_dir.rstrip('/')}/{role}.pid", log=f"{work_dir.rstrip('/')}/logs/{run_label}/{role}.log"
+    )
 
 
 @dataclass
@@ -90,7 +92,9 @@ class Deployment:
             self.on_event(f"stopping {role} (pgid {pid})")
             killed = transport.stop_group(pid, grace_s=float(self.cfg.deployment.stop_grace_s))
             if killed:
-                log.warning("%s did not stop within %ss of SIGTERM; killed", role, self.cfg.deployment.stop_grace_s)
+                log.warning(
+                    "%s did not stop within %ss of SIGTERM; killed", role, self.cfg.deployment.stop_grace_s
+                )
         transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
         self.started.pop(role, None)
 
@@ -101,8 +105,14 @@ class Deployment:
             return True  # the leader exited but its group lives on: still ours
         ours = now == started_at
         if not ours:
-            log.warning("pid file of %s names pid %s, started %r, but that pid now started %r: a recycled "
-                        "pid, left alone", role, pid, started_at, now)
+            log.warning(
+                "pid file of %s names pid %s, started %r, but that pid now started %r: a recycled "
+                "pid, left alone",
+                role,
+                pid,
+                started_at,
+                now,
+            )
         return ours
 
     def stop_all(self) -> list[str]:
@@ -125,9 +135,12 @@ class Deployment:
             ports = [int(host.port)] + ([int(extra)] if extra is not None else [])
             for port in ports:
                 if self.transports[role].port_listening(port):
-                    raise DeployError(role, f"port {port} on {host.address} is still in use by a process this "
-                                            f"tool did not start (its pid file does not name it); free it or "
-                                            f"change cluster.hosts.{role}")
+                    raise DeployError(
+                        role,
+                        f"port {port} on {host.address} is still in use by a process this "
+                        f"tool did not start (its pid file does not name it); free it or "
+                        f"change cluster.hosts.{role}",
+                    )
 
     def start_role(self, role: str) -> None:
         plan: RolePlan = self.plan.roles[role]
@@ -152,7 +165,9 @@ class Deployment:
                 return
             last = f"HTTP {status}: {body[:200]}" if status else body
             if not transport.group_alive(pid):
-                raise DeployError(role, f"exited before becoming healthy ({url}: {last})", self.log_tail(role))
+                raise DeployError(
+                    role, f"exited before becoming healthy ({url}: {last})", self.log_tail(role)
+                )
             time.sleep(poll_s)
         raise DeployError(role, f"not healthy within {timeout_s:.0f}s ({url}: {last})", self.log_tail(role))
 
@@ -172,13 +187,23 @@ class Deployment:
             tails = "\n".join(f"[{r}] {self.log_tail(r)[-1500:]}" for r in ("decode", "router"))
             raise DeployError("router", f"warm-up request failed: HTTP {status}: {body[:300]}", tails)
 
-    def check_alive(self, during: str) -> None:
-        """Raise DeployError if a server started for this arm has died (its results are suspect)."""
+    def dead_role(self) -> str | None:
+        """The first role whose server, started for this arm, is no longer running (None: all alive)."""
         for role in START_ORDER:
             pid = self.started.get(role)
             if pid is not None and not self.transports[role].group_alive(pid):
-                raise DeployError(role, f"died during {during}; sessions in flight were counted as errored, "
-                                        f"never as corrupted", self.log_tail(role))
+                return role
+        return None
+
+    def check_alive(self, during: str) -> None:
+        """Raise DeployError if a server started for this arm has died (its results are suspect)."""
+        role = self.dead_role()
+        if role is not None:
+            raise DeployError(
+                role,
+                f"died during {during}; sessions in flight were counted as errored, never as corrupted",
+                self.log_tail(role),
+            )
 
     def co_restart(self) -> None:
         """Stop all roles, then start prefill, decode, router, each health-gated; then warm up."""
@@ -205,8 +230,9 @@ def http_get(url: str, timeout: float) -> tuple[int, str]:
 
 
 def http_post_json(url: str, payload: dict, timeout: float) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")

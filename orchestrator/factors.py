@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +47,12 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def merge_role_deltas(base_env: Mapping[str, Any], base_flags: Mapping[str, Any],
-                      factors: Mapping[str, Mapping[str, Any]], role: str) -> tuple[dict[str, str], dict[str, Any]]:
+def merge_role_deltas(
+    base_env: Mapping[str, Any],
+    base_flags: Mapping[str, Any],
+    factors: Mapping[str, Mapping[str, Any]],
+    role: str,
+) -> tuple[dict[str, str], dict[str, Any]]:
     """Deployment env/flags of `role` with every factor's additions for that role.
 
     A factor may override the deployment's value; two factors setting the same name differently is a
@@ -64,8 +68,10 @@ def merge_role_deltas(base_env: Mapping[str, Any], base_flags: Mapping[str, Any]
                 key = (kind, name)
                 if key in set_by and set_by[key][1] != value:
                     other = set_by[key][0]
-                    problems.append(f"factor.{factor_name} and factor.{other} both set {role} {kind} {name} "
-                                    f"({value!r} vs {set_by[key][1]!r})")
+                    problems.append(
+                        f"factor.{factor_name} and factor.{other} both set {role} {kind} {name} "
+                        f"({value!r} vs {set_by[key][1]!r})"
+                    )
                 set_by[key] = (factor_name, value)
                 target[name] = convert(value)
     if problems:
@@ -91,8 +97,10 @@ def signature(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]], 
     """A stable short hash of the effective env and flags per role, independent of key order."""
     canonical = {
         "model_path": model_path,
-        "roles": {role: {"env": dict(sorted(env.items())), "flags": dict(sorted(flags.items()))}
-                  for role, (env, flags) in sorted(roles.items())},
+        "roles": {
+            role: {"env": dict(sorted(env.items())), "flags": dict(sorted(flags.items()))}
+            for role, (env, flags) in sorted(roles.items())
+        },
     }
     blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:SIGNATURE_LENGTH]
@@ -149,7 +157,9 @@ def plan_arm(cfg: DictConfig) -> ArmPlan:
         topology = topology_flags(role, cfg)
         clash = sorted(set(topology) & set(flags))
         if clash:
-            raise ConfigError([f"deployment.roles.{role}.flags: {clash} are set from cluster.hosts; remove them"])
+            raise ConfigError(
+                [f"deployment.roles.{role}.flags: {clash} are set from cluster.hosts; remove them"]
+            )
         host = cfg.cluster.hosts[role]
         argv = _launch_prefix(launch, str(host.python)) + flag_words(topology) + flag_words(flags)
         health = f"http://{url_host(host)}:{host.port}{launch.health_path}"
@@ -166,13 +176,21 @@ def plan_arm(cfg: DictConfig) -> ArmPlan:
 # --- the factors that exist -------------------------------------------------------------------------
 
 
-def discover_factor_levels() -> dict[str, list[str]]:
-    """{factor: [levels]} from Hydra's config search path when Hydra is initialised, else conf/factor."""
+def discover_factor_levels(searchpath: Sequence[str] = ()) -> dict[str, list[str]]:
+    """{factor: [levels]} from Hydra's config search path (plus a job's `hydra.searchpath`) when Hydra is
+    initialised, else from the shipped conf/factor."""
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
 
     if GlobalHydra.instance().is_initialized():
         loader = GlobalHydra.instance().config_loader()
-        groups = loader.list_groups("factor")
-        return {g: sorted(loader.get_group_options(f"factor/{g}")) for g in sorted(groups)}
+        # the job's own search path entries (user factor folders) are not in the loader's base path
+        overrides = (
+            ["hydra.searchpath=[" + ",".join(repr(str(p)) for p in searchpath) + "]"] if searchpath else []
+        )
+        groups = loader.get_group_options("factor", results_filter=ObjectType.GROUP, overrides=overrides)
+        return {
+            g: sorted(loader.get_group_options(f"factor/{g}", overrides=overrides)) for g in sorted(groups)
+        }
     root = Path(__file__).resolve().parent / "conf" / "factor"
     return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(root.iterdir()) if d.is_dir()}

@@ -316,11 +316,25 @@ def check_arm_on_hosts(cfg: Any, plan: Any, transports: Mapping[str, Transport])
         try:
             validate_sglang_flags(t, python, role_plan.argv, env=role_plan.env, **kwargs)
         except FlagError as e:
-            raise PreflightError(f"{role}: {e}") from e
+            where = flag_origin(cfg, role, e.flag) if e.flag else None
+            raise PreflightError(f"{role}: {e}" + (f" (set by {where})" if where else "")) from e
         module = launch.get("preflight_module")
         if module:
             check = t.run([python, "-m", str(module)], env=role_plan.env, timeout=120.0, check=False)
             if check.returncode != 0:
                 output = redact_text((check.stderr or check.stdout).strip(), role_plan.env)
-                raise PreflightError(f"{role}: `python -m {module}` on {t.host} refused the arm "
-                                     f"(exit {check.returncode}): {output[-3000:]}")
+                raise PreflightError(
+                    f"{role}: `python -m {module}` on {t.host} refused the arm "
+                    f"(exit {check.returncode}): {output[-3000:]}"
+                )
+
+
+def flag_origin(cfg: Any, role: str, flag: str) -> str | None:
+    """The config key that put `flag` on `role`'s command line: the deployment or a factor level."""
+    for name, node in sorted((cfg.get("factor") or {}).items()):
+        flags = ((node.get("roles") or {}).get(role) or {}).get("flags") or {}
+        if flag in flags:
+            return f"factor.{name} (level {node.level}).roles.{role}.flags"
+    if flag in (cfg.deployment.roles[role].get("flags") or {}):
+        return f"deployment.roles.{role}.flags"
+    return None

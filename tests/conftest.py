@@ -23,7 +23,10 @@ def local_cluster_overrides(tmp_path: Path) -> list[str]:
     """Free ports and work dirs under tmp_path for every role of the local cluster."""
     overrides = []
     for role in ("prefill", "decode", "router"):
-        overrides += [f"cluster.hosts.{role}.port={free_port()}", f"cluster.hosts.{role}.work_dir={tmp_path}/{role}"]
+        overrides += [
+            f"cluster.hosts.{role}.port={free_port()}",
+            f"cluster.hosts.{role}.work_dir={tmp_path}/{role}",
+        ]
     overrides.append(f"cluster.hosts.prefill.bootstrap_port={free_port()}")
     overrides.append(f"cluster.hosts.router.metrics_port={free_port()}")
     return overrides
@@ -36,7 +39,15 @@ def compose_cfg(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
 
         def _compose(*overrides: str, isolated: bool = True) -> DictConfig:
             extra = local_cluster_overrides(tmp_path) if isolated else []
-            return compose("config", return_hydra_config=True, overrides=[*extra, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-                                                f"report.dir={tmp_path}/reports", *overrides])
+            return compose(
+                "config",
+                return_hydra_config=True,
+                overrides=[
+                    *extra,
+                    f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                    f"report.dir={tmp_path}/reports",
+                    *overrides,
+                ],
+            )
 
         yield _compose

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from orchestrator.config import ConfigError, validate
+from orchestrator.config import ConfigError, available_levels, validate
 from orchestrator.factors import discover_factor_levels, plan_arm
 
 SHIPPED_FACTORS = {
@@ -29,10 +29,17 @@ def test_every_factor_level_composes_validates_and_plans(compose_cfg, factor):
         assert plan_arm(cfg).factors[factor] == level
 
 
-@pytest.mark.parametrize("group,option", [
-    ("cluster", "local"), ("deployment", "sim_dsv4"), ("deployment", "sglang_dsv4"), ("workload", "stress"),
-    ("bench", "sweep"), ("tracking", "sqlite"),
-])
+@pytest.mark.parametrize(
+    "group,option",
+    [
+        ("cluster", "local"),
+        ("deployment", "sim_dsv4"),
+        ("deployment", "sglang_dsv4"),
+        ("workload", "stress"),
+        ("bench", "sweep"),
+        ("tracking", "sqlite"),
+    ],
+)
 def test_every_config_group_option_composes(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
     validate(cfg)
@@ -75,19 +82,35 @@ def _problems(compose_cfg, *overrides) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("overrides,expected", [
-    (["+deployment.roles.decode.env.bad-name=1"], ["deployment.roles.decode.env", "'bad-name'", "[A-Z_][A-Z0-9_]*"]),
-    (["+deployment.roles.decode.env.lower=1"], ["'lower'", "[A-Z_][A-Z0-9_]*"]),
-    (["++deployment.roles.prefill.flags={disable-x: null}"], ["deployment.roles.prefill.flags", "'disable-x'",
-                                                           "must start with '--'"]),
-    (["++deployment.roles.prefill.flags={--log-level: 'info;reboot'}"], ["--log-level", "shell metacharacter"]),
-    (["study.hypotheses.0.factor=warp_drive"], ["study.hypotheses[0]", "unknown factor 'warp_drive'",
-                                                "'multi_stream'"]),
-    (["study.hypotheses.0.treatment=maybe"], ["treatment", "unknown level 'maybe'", "['off', 'on']"]),
-    (["study.baseline.capture=turbo"], ["study.baseline.capture", "'turbo'", "['eager', 'graph']"]),
-    (["cluster.hosts.decode.transport=telnet"], ["cluster.hosts.decode.transport", "'telnet'", "['local', 'ssh']"]),
-    (["study.test=bayes"], ["study.test", "['fisher', 'boschloo']"]),
-])
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["+deployment.roles.decode.env.bad-name=1"],
+            ["deployment.roles.decode.env", "'bad-name'", "[A-Z_][A-Z0-9_]*"],
+        ),
+        (["+deployment.roles.decode.env.lower=1"], ["'lower'", "[A-Z_][A-Z0-9_]*"]),
+        (
+            ["++deployment.roles.prefill.flags={disable-x: null}"],
+            ["deployment.roles.prefill.flags", "'disable-x'", "must start with '--'"],
+        ),
+        (
+            ["++deployment.roles.prefill.flags={--log-level: 'info;reboot'}"],
+            ["--log-level", "shell metacharacter"],
+        ),
+        (
+            ["study.hypotheses.0.factor=warp_drive"],
+            ["study.hypotheses[0]", "unknown factor 'warp_drive'", "'multi_stream'"],
+        ),
+        (["study.hypotheses.0.treatment=maybe"], ["treatment", "unknown level 'maybe'", "['off', 'on']"]),
+        (["study.baseline.capture=turbo"], ["study.baseline.capture", "'turbo'", "['eager', 'graph']"]),
+        (
+            ["cluster.hosts.decode.transport=telnet"],
+            ["cluster.hosts.decode.transport", "'telnet'", "['local', 'ssh']"],
+        ),
+        (["study.test=bayes"], ["study.test", "['fisher', 'boschloo']"]),
+    ],
+)
 def test_bad_config_is_refused_naming_the_key_and_what_is_accepted(compose_cfg, overrides, expected):
     message = _problems(compose_cfg, *overrides)
     for fragment in expected:
@@ -102,3 +125,17 @@ def test_yaml_booleans_for_on_off_levels_get_a_quoting_hint(compose_cfg):
 def test_a_factor_flag_may_not_collide_with_cluster_topology(compose_cfg):
     message = _problems(compose_cfg, "++deployment.roles.decode.flags={--port: 1234}")
     assert "--port" in message and "cluster.hosts" in message
+
+
+def test_a_users_own_factor_on_the_searchpath_is_known(compose_cfg, tmp_path):
+    for level, value in (("slow", "1"), ("fast", "0")):
+        path = tmp_path / "myconf" / "factor" / "warp" / f"{level}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'level: {level}\nroles:\n  decode: {{env: {{WARP_SLOW: "{value}"}}}}\n')
+    searchpath = f"hydra.searchpath=[file://{tmp_path}/myconf]"
+    cfg = compose_cfg(searchpath, "+factor/warp=fast", "+study.baseline.warp=slow")
+    validate(cfg)  # the baseline names the user's factor: known through the job's search path
+    assert available_levels(cfg)["warp"] == ["fast", "slow"]
+    assert plan_arm(cfg).roles["decode"].env["WARP_SLOW"] == "0"
+    message = _problems(compose_cfg, searchpath, "+factor/warp=fast", "+study.baseline.warp=turbo")
+    assert "study.baseline.warp" in message and "['fast', 'slow']" in message

@@ -55,7 +55,9 @@ def deployments():
         d.stop_all()
 
 
-def test_co_restart_replaces_every_server_of_an_earlier_run_and_teardown_leaves_nothing(compose_cfg, deployments):
+def test_co_restart_replaces_every_server_of_an_earlier_run_and_teardown_leaves_nothing(
+    compose_cfg, deployments
+):
     cfg = _cfg(compose_cfg)
     plan = _plan(cfg)
     first = _deployment(cfg, plan, "run1")
@@ -82,7 +84,8 @@ def test_co_restart_replaces_every_server_of_an_earlier_run_and_teardown_leaves_
 
 
 def test_a_server_that_dies_at_start_fails_fast_with_its_log_tail_and_later_roles_never_start(
-        compose_cfg, deployments):
+    compose_cfg, deployments
+):
     cfg = _cfg(compose_cfg)
     d = _deployment(cfg, _plan(cfg, bad_role="decode"))
     deployments.append(d)
@@ -97,8 +100,13 @@ def test_a_server_that_dies_at_start_fails_fast_with_its_log_tail_and_later_role
 
 
 def test_health_gate_times_out_naming_the_url(compose_cfg, deployments):
-    cfg = _cfg(compose_cfg, **{"deployment.roles.prefill.health_path": "/missing",
-                               "deployment.roles.prefill.startup_timeout_s": 2})
+    cfg = _cfg(
+        compose_cfg,
+        **{
+            "deployment.roles.prefill.health_path": "/missing",
+            "deployment.roles.prefill.startup_timeout_s": 2,
+        },
+    )
     plan = _plan(cfg)
     roles = dict(plan.roles)
     port = cfg.cluster.hosts.prefill.port
@@ -112,8 +120,11 @@ def test_health_gate_times_out_naming_the_url(compose_cfg, deployments):
 def test_a_foreign_listener_on_a_role_port_is_reported_not_killed(compose_cfg, deployments):
     cfg = _cfg(compose_cfg)
     port = int(cfg.cluster.hosts.decode.port)
-    foreign = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    foreign = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while not _listening(port) and time.monotonic() < deadline:

@@ -61,4 +61,8 @@ def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_
     fix = next(t for t in report["throughput"] if t["arm"] == "multi_stream=off")
     assert fix["verdict"] == "no regression", fix
     assert "orchestrator.sim.server" in report["arms"][0]["config"]["decode"]["argv"]
-    assert (tmp_path / "reports" / "quick" / "report.md").read_text().startswith("# quick: Implicated: H-multistream")
+    assert (
+        (tmp_path / "reports" / "quick" / "report.md")
+        .read_text()
+        .startswith("# quick: Implicated: H-multistream")
+    )

@@ -511,7 +511,10 @@ BAD_INPUTS = {
     # the hosts check every arm before the first job: flags with the host's own parser...
     "flag the host's parser refuses": BadInput(
         ("++deployment.roles.decode.flags={--no-such-flag: null}",),
-        ("decode: on 127.0.0.1: sglang does not know --no-such-flag",),
+        (
+            "decode: on 127.0.0.1: sglang does not know --no-such-flag",
+            "(set by deployment.roles.decode.flags)",
+        ),
     ),
     # ...and the deployment's preflight module (the sim's `python -m orchestrator.sim.check`)
     "invalid fault-model file": BadInput(

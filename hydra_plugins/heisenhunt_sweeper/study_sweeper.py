@@ -46,8 +46,9 @@ class StudySweeperConf:
     default_design: str = "ofat"
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="heisenhunt", node=StudySweeperConf,
-                             provider="heisenhunt")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="heisenhunt", node=StudySweeperConf, provider="heisenhunt"
+)
 
 
 def _choices(overrides: list[Override]) -> OrderedDict[str, list[str]]:
@@ -75,16 +76,19 @@ def ofat_jobs(choices: OrderedDict[str, list[str]], baseline: dict[str, str]) ->
     other_keys = [k for k in choices if k not in factor_keys]
     base: dict[str, str] = {}
     for key in factor_keys:
-        name = key.lstrip("+~")[len(FACTOR_PREFIX):]
+        name = key.lstrip("+~")[len(FACTOR_PREFIX) :]
         levels = [_value(a) for a in choices[key]]
         wanted = baseline.get(name)
         if wanted is None:
-            raise HydraException(f"design=ofat sweeps {key} over {levels} but study.baseline.{name} is not set; "
-                                 f"set it to one of {levels}")
+            raise HydraException(
+                f"design=ofat sweeps {key} over {levels} but study.baseline.{name} is not set; "
+                f"set it to one of {levels}"
+            )
         wanted = str(wanted)
         if wanted not in levels:
-            raise HydraException(f"study.baseline.{name}={wanted!r} is not among the swept levels {levels} "
-                                 f"of {key}")
+            raise HydraException(
+                f"study.baseline.{name}={wanted!r} is not among the swept levels {levels} of {key}"
+            )
         base[key] = f"{key}={wanted}"
     arms = [dict(base)]
     for key in factor_keys:
@@ -99,9 +103,14 @@ def ofat_jobs(choices: OrderedDict[str, list[str]], baseline: dict[str, str]) ->
 
 
 class StudySweeper(BasicSweeper):
-    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None,
-                 design: str = "factorial", default_params: dict[str, str] | None = None,
-                 default_design: str = "ofat"):
+    def __init__(
+        self,
+        max_batch_size: int | None = None,
+        params: dict[str, str] | None = None,
+        design: str = "factorial",
+        default_params: dict[str, str] | None = None,
+        default_design: str = "ofat",
+    ):
         super().__init__(max_batch_size=max_batch_size, params=params)
         for name, value in (("design", design), ("default_design", default_design)):
             if value not in DESIGNS:
@@ -114,8 +123,12 @@ class StudySweeper(BasicSweeper):
         assert self.config is not None
         study = self.config.get("study") or {}
         baseline = study.get("baseline") or {}
-        return {str(k): str(v) for k, v in (OmegaConf.to_container(baseline) if isinstance(baseline, DictConfig)
-                                             else baseline).items()}
+        return {
+            str(k): str(v)
+            for k, v in (
+                OmegaConf.to_container(baseline) if isinstance(baseline, DictConfig) else baseline
+            ).items()
+        }
 
     def sweep(self, arguments: list[str]):
         assert self.hydra_context is not None
@@ -130,7 +143,7 @@ class StudySweeper(BasicSweeper):
             choices = _choices(parser.parse_overrides(params_conf))
             jobs = ofat_jobs(choices, self._baseline())
             size = self.max_batch_size or len(jobs)
-            self._ofat_batches = [jobs[i:i + size] for i in range(0, len(jobs), size)]
+            self._ofat_batches = [jobs[i : i + size] for i in range(0, len(jobs), size)]
         else:
             self._ofat_batches = None
         return super().sweep(arguments)
@@ -180,7 +193,9 @@ class StudySweeper(BasicSweeper):
         for jobs in by_cluster.values():
             cfg0 = jobs[0][1]
             try:
-                transports = make_transports({role: cfg0.cluster.hosts[role] for role in ("prefill", "decode")})
+                transports = make_transports(
+                    {role: cfg0.cluster.hosts[role] for role in ("prefill", "decode")}
+                )
             except TransportError as e:
                 problems.append(f"cluster {cfg0.cluster.name}: {e}")
                 continue

@@ -51,8 +51,9 @@ def env_assignments(env: Mapping[str, str]) -> list[str]:
     return words
 
 
-def detached_command(argv: Sequence[str], env: Mapping[str, str], log_path: str, pid_path: str,
-                     cwd: str | None = None) -> str:
+def detached_command(
+    argv: Sequence[str], env: Mapping[str, str], log_path: str, pid_path: str, cwd: str | None = None
+) -> str:
     """A shell line that starts `argv` in a new session (so its pid is its process group id),
     stdout+stderr appended to `log_path`, stdin from /dev/null, writes the pid and its start time to
     `pid_path` (two lines) and prints the pid. The process survives the shell (and the SSH channel)
@@ -97,7 +98,7 @@ class Transport(ABC):
     def write_file(self, path: str, data: bytes) -> None:
         """Write a file on the host, creating parent directories."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a transport without connections has nothing to release
         """Release connections. Processes started detached keep running."""
 
     def __enter__(self) -> Transport:
@@ -108,8 +109,14 @@ class Transport(ABC):
 
     # --- shared behaviour, all through run_shell -------------------------------------------
 
-    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float | None = 60.0,
-            check: bool = True, cwd: str | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = 60.0,
+        check: bool = True,
+        cwd: str | None = None,
+    ) -> CommandResult:
         """Run `argv` (quoted for the shell) with extra `env`, wait for it."""
         line = shlex.join(argv)
         if env:
@@ -121,8 +128,14 @@ class Transport(ABC):
             raise CommandFailed(self.host, line, result)
         return result
 
-    def start_detached(self, argv: Sequence[str], env: Mapping[str, str], log_path: str, pid_path: str,
-                       cwd: str | None = None) -> int:
+    def start_detached(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: str,
+        pid_path: str,
+        cwd: str | None = None,
+    ) -> int:
         """Start `argv` detached in its own session; returns its pid (= its process group id)."""
         line = detached_command(argv, env, log_path, pid_path, cwd)
         result = self.run_shell(line, timeout=30.0)
@@ -142,7 +155,9 @@ class Transport(ABC):
 
     def group_alive(self, pgid: int) -> bool:
         """True if any non-zombie process is left in process group `pgid`."""
-        result = self.run_shell(f"ps -e -o pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' ", timeout=15.0)
+        result = self.run_shell(
+            f"ps -e -o pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' ", timeout=15.0
+        )
         return bool(result.stdout.strip())
 
     def stop_group(self, pgid: int, grace_s: float = 10.0, poll_s: float = 0.1) -> bool:
@@ -169,8 +184,6 @@ class Transport(ABC):
 
     def port_listening(self, port: int) -> bool:
         """True if something listens on TCP `port` on this host (any address)."""
-        result = self.run_shell(
-            f"(ss -Htln 2>/dev/null || netstat -tln 2>/dev/null) | awk '{{print $4}}' | grep -E ':{int(port)}$'",
-            timeout=15.0,
-        )
+        listeners = "(ss -Htln 2>/dev/null || netstat -tln 2>/dev/null) | awk '{print $4}'"
+        result = self.run_shell(f"{listeners} | grep -E ':{int(port)}$'", timeout=15.0)
         return bool(result.stdout.strip())

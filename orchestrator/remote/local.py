@@ -19,8 +19,12 @@ class LocalTransport(Transport):
     def run_shell(self, command: str, timeout: float | None = 60.0) -> CommandResult:
         try:
             done = subprocess.run(
-                ["sh", "-c", command], capture_output=True, text=True, timeout=timeout,
-                stdin=subprocess.DEVNULL, errors="replace",
+                ["sh", "-c", command],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                errors="replace",
             )
         except subprocess.TimeoutExpired as e:
             raise TransportError(f"on {self.host}: `{command}` did not finish within {timeout}s") from e

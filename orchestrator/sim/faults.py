@@ -366,4 +366,3 @@ def _is_type(value: Any, kind: type) -> bool:
 
 def _kind(value: Any) -> str:
     return type(value).__name__ if value is not None else "nothing"
-

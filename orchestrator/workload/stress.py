@@ -33,6 +33,7 @@ import logging
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -254,12 +255,19 @@ async def run_stress(
     progress: bool | None = None,
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    server_gone: Callable[[], str | None] | None = None,
+    watch_interval_s: float = 2.0,
 ) -> StressSummary:
     """Run the workload against `url` (an OpenAI-compatible base URL) and write the outputs.
 
     `concurrency` None means all sessions at once. `progress` None means a live display exactly when
     stderr is a terminal. On cancellation the outputs are written (in-flight sessions left out) and
     the CancelledError propagates.
+
+    `server_gone`, polled every `watch_interval_s` in a thread, returns why the deployment can no longer
+    serve (a server process died) or None. Then the sessions in flight end as `errored` at once, rather
+    than each waiting out its timeout against a router that keeps retrying, and no new session starts
+    (the summary is then partial: `planned` > `sessions`).
     """
     if sessions < 1 or rounds < 1:
         raise ValueError(f"sessions and rounds must be >= 1: {sessions}, {rounds}")
@@ -281,27 +289,58 @@ async def run_stress(
     started = time.monotonic()
     next_index = 0
 
+    abort = asyncio.Event()
+    gone_reason = ""
+
+    async def watchdog() -> None:
+        nonlocal gone_reason
+        assert server_gone is not None
+        while True:
+            await asyncio.sleep(watch_interval_s)
+            reason = await asyncio.to_thread(server_gone)
+            if reason:
+                gone_reason = reason
+                log.error("stress: %s; ending the sessions in flight as errored", reason)
+                abort.set()
+                return
+
+    async def one_session(http: Any, task: Task) -> tuple[SessionOutcome, dict[str, Any] | None]:
+        try:
+            return await run_session(http, url, task, rounds, model, timeout_s, check_plan, max_tokens)
+        except Exception as e:  # a client bug must not pass for corruption nor kill the run
+            log.exception("session %s failed in the client", task.task_id)
+            return SessionOutcome(
+                task.task_id, "errored", rounds, 0, error=f"client_error: {e!r}"[:500]
+            ), None
+
     async def worker(http: Any) -> None:
         nonlocal next_index
-        while next_index < sessions:
+        while next_index < sessions and not abort.is_set():
             index, next_index = next_index, next_index + 1
             task = make_task(seed, index, rounds)
-            try:
-                outcome, transcript = await run_session(
-                    http, url, task, rounds, model, timeout_s, check_plan, max_tokens
-                )
-            except Exception as e:  # a client bug must not pass for corruption nor kill the run
-                log.exception("session %s failed in the client", task.task_id)
+            session = asyncio.ensure_future(one_session(http, task))
+            aborted = asyncio.ensure_future(abort.wait())
+            await asyncio.wait({session, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            aborted.cancel()
+            if session.done():
+                outcome, transcript = session.result()
+            else:
+                session.cancel()
+                await asyncio.gather(session, return_exceptions=True)
                 outcome = SessionOutcome(
-                    task.task_id, "errored", rounds, 0, error=f"client_error: {e!r}"[:500]
+                    task.task_id, "errored", rounds, 0, error=f"server_gone: {gone_reason}"
                 )
                 transcript = None
             outputs.record(outcome, transcript)
 
+    watcher = asyncio.ensure_future(watchdog()) if server_gone is not None else None
     try:
         async with open_session(concurrency) as http:
             await asyncio.gather(*(worker(http) for _ in range(concurrency)))
     finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
         summary = outputs.finish(time.monotonic() - started, settings)
         if summary.partial:
             log.warning(
@@ -331,6 +370,7 @@ def run_stress_sync(
     progress: bool | None = None,
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    server_gone: Callable[[], str | None] | None = None,
 ) -> StressSummary:
     """`run_stress` in a fresh event loop; Ctrl-C writes the partial outputs, then raises
     KeyboardInterrupt."""
@@ -347,6 +387,7 @@ def run_stress_sync(
             check_plan,
             progress,
             max_tokens=max_tokens,
+            server_gone=server_gone,
         )
     )
 

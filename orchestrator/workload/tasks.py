@@ -105,12 +105,45 @@ TOOLS: list[dict[str, Any]] = [
 
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
-_MODULES = ["scheduler", "radix_cache", "tokenizer_manager", "disagg_decode", "indexer", "memory_pool",
-            "cuda_graph_runner", "router", "hicache", "sampler", "model_runner", "io_struct"]
-_WORDS = ["bootstrap_room", "KVPoll", "capture", "alt_stream", "index_k", "top_k", "mempool", "retract",
-          "overlap", "heartbeat", "transfer", "checksum", "prefix", "eviction", "logits"]
-_COMMANDS = ["pytest -q tests/{m}", "git diff --stat", "grep -rn {w} src/", "python -m compileall src/{m}.py",
-             "wc -l src/{m}.py", "ls src/"]
+_MODULES = [
+    "scheduler",
+    "radix_cache",
+    "tokenizer_manager",
+    "disagg_decode",
+    "indexer",
+    "memory_pool",
+    "cuda_graph_runner",
+    "router",
+    "hicache",
+    "sampler",
+    "model_runner",
+    "io_struct",
+]
+_WORDS = [
+    "bootstrap_room",
+    "KVPoll",
+    "capture",
+    "alt_stream",
+    "index_k",
+    "top_k",
+    "mempool",
+    "retract",
+    "overlap",
+    "heartbeat",
+    "transfer",
+    "checksum",
+    "prefix",
+    "eviction",
+    "logits",
+]
+_COMMANDS = [
+    "pytest -q tests/{m}",
+    "git diff --stat",
+    "grep -rn {w} src/",
+    "python -m compileall src/{m}.py",
+    "wc -l src/{m}.py",
+    "ls src/",
+]
 _HOSTS = ["docs.example.org", "issues.example.org", "mirror.example.org"]
 
 PLAN_RE = re.compile(r"<plan>\s*(\[.*?\])\s*</plan>", re.DOTALL)
@@ -149,9 +182,15 @@ def _random_step(rng: random.Random) -> ToolCall:
     if name == "read_file":
         args: dict[str, Any] = {"path": f"src/{module}.py"}
     elif name == "write_file":
-        args = {"path": f"notes/{module}_{word}.md", "content": f"# {word} in {module}\nchecked: {rng.randint(1, 999)}\n"}
+        args = {
+            "path": f"notes/{module}_{word}.md",
+            "content": f"# {word} in {module}\nchecked: {rng.randint(1, 999)}\n",
+        }
     elif name == "run_shell":
-        args = {"command": rng.choice(_COMMANDS).format(m=module, w=word), "timeout_s": rng.choice([30, 60, 120])}
+        args = {
+            "command": rng.choice(_COMMANDS).format(m=module, w=word),
+            "timeout_s": rng.choice([30, 60, 120]),
+        }
     elif name == "search":
         args = {"query": f"{word} {module}", "max_results": rng.choice([5, 10, 20])}
     else:
