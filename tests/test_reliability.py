@@ -361,15 +361,15 @@ def test_ctrl_c_while_the_servers_start_leaves_nothing_running(study):
 @pytest.mark.slow
 def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm(study):
     # multi_stream=off: the simulated target corrupts nothing in this arm, so any corrupted session
-    # would be the server's death miscounted as corruption
-    # a short turn timeout: sessions caught mid-stream by the death wait that long before they error
+    # would be the server's death miscounted as corruption. The turn timeout stays long (120 s): the
+    # stress watchdog, not the timeout, must end the sessions caught by the death.
     proc = study.start(
         "factor/multi_stream=off",
         "repetition=0",
         "workload.sessions=24",
         "workload.rounds=4",
         "workload.concurrency=6",
-        "workload.timeout_s=4",
+        "workload.timeout_s=120",
         "bench.enabled=false",
     )
     sessions = study.job_dir(0) / "stress" / "sessions.jsonl"
@@ -377,18 +377,21 @@ def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm
     decode = pid_of(study.work_dir("decode") / "decode.pid")
     assert decode and group_alive(decode)
     os.killpg(decode, signal.SIGKILL)
+    killed_at = time.monotonic()
     out = finish(proc, 240)
+    assert time.monotonic() - killed_at < 60, "the sessions waited out their timeouts: no watchdog"
     assert proc.returncode == 0, out[-4000:]  # a failed arm is data, not a crash of the sweep
     [run] = study.arm_runs()
     m = run.data.metrics
     assert run.info.status == "FAILED", out[-3000:]
     assert run.data.tags["failure_reason"].startswith("decode: died during the stress workload")
-    # no session is lost; those cut off by the death are errored, none corrupted
-    assert m["sessions_total"] == m["sessions_planned"] == 24 == jsonl_lines(sessions)
+    # every session that ran has its outcome; those cut off by the death are errored, none corrupted;
+    # sessions never started are left out, so the run is marked partial (planned > sessions)
+    assert m["sessions_planned"] == 24 and m["sessions_total"] == jsonl_lines(sessions) >= 3
     assert m["sessions_errored"] >= 1 and m["sessions_corrupted"] == 0
-    assert m["sessions_clean"] + m["sessions_errored"] == 24
+    assert m["sessions_clean"] + m["sessions_errored"] == m["sessions_total"]
     outcomes = [json.loads(line) for line in sessions.read_text().splitlines()]
-    assert len({o["session_id"] for o in outcomes}) == 24
+    assert len({o["session_id"] for o in outcomes}) == len(outcomes)
     assert all(o["error"] for o in outcomes if o["status"] == "errored")
     # the corruption numbers leave errored sessions out: n counts clean + corrupted only
     assert m["corruption_rate"] == 0.0
