@@ -93,7 +93,8 @@ class InterruptGuard:
 
 def redacted_config_yaml(cfg: DictConfig) -> str:
     """The resolved job config as YAML, with secret-looking env values replaced."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+    job_keys = [k for k in cfg if k != "hydra"]  # a composed config may carry Hydra's own node
+    data = OmegaConf.to_container(OmegaConf.masked_copy(cfg, job_keys), resolve=True)
     for role in data.get("deployment", {}).get("roles", {}).values():
         role["env"] = redact_env(role.get("env") or {})
     for factor in (data.get("factor") or {}).values():
@@ -142,13 +143,15 @@ def run_arm(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         tracker.log_artifact(config_file)
         try:
             _preflight(cfg, plan, transports, tracker)
+        except PreflightError as e:
+            # bad input the hosts caught: nothing was stopped or restarted; the run says why, the sweep stops
+            tracker.fail(str(e))
+            close_all(transports)
+            raise
+        try:
             deployment.co_restart()
             tracker.log_startup(deployment.startup_s)
             _workload(cfg, plan, output_dir, tracker, deployment)
-        except PreflightError as e:
-            # bad input the hosts caught: nothing was restarted; the run says why, the sweep stops
-            tracker.fail(str(e))
-            raise
         except DeployError as e:
             log.error("arm %s failed: %s", label, e)
             tracker.fail(str(e).splitlines()[0], e.log_tail)

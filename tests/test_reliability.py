@@ -706,3 +706,22 @@ def test_an_impatient_user_pressing_ctrl_c_again_during_teardown_still_leaves_no
     assert not study.listening() and not study.pid_files()
     [run] = study.arm_runs()
     assert run.info.status == "KILLED" and run.data.tags["outcomes"] == "partial", out[-3000:]
+
+
+def test_an_arm_its_hosts_refuse_stops_nothing_and_starts_nothing(compose_cfg, study, sentinel, tmp_path):
+    """run_arm on its own (no sweeper in front): a host check that refuses the arm comes before the
+    co-restart, so whatever runs (here the sentinel in decode's pid file) is left alone."""
+    from orchestrator.__main__ import run_arm
+    from orchestrator.preflight import PreflightError
+
+    (tmp_path / "bad.yaml").write_text(BAD_FAULT_MODEL)
+    cfg = compose_cfg(f"++deployment.roles.decode.env={{HEISENHUNT_SIM_FAULT_MODEL: '{tmp_path}/bad.yaml'}}")
+    with pytest.raises(PreflightError, match=r"orchestrator\.sim\.check.* refused the arm"):
+        run_arm(cfg, tmp_path / "job")
+    pid, pid_text = sentinel
+    assert group_alive(pid)
+    assert (study.work_dir("decode") / "decode.pid").read_text() == pid_text
+    assert not (study.work_dir("prefill") / "prefill.pid").exists()
+    client = MlflowClient(str(cfg.tracking.uri))
+    [run] = client.search_runs([client.get_experiment_by_name(str(cfg.study.name)).experiment_id])
+    assert run.info.status == "FAILED" and "refused the arm" in run.data.tags["failure_reason"]
