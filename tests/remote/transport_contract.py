@@ -117,7 +117,8 @@ class TransportContract:
             [sys.executable, "-c", script], {}, str(log), str(pidfile), cwd=str(tmp_path)
         )
         try:
-            assert int(pidfile.read_text()) == pid
+            pid_line, started = pidfile.read_text().splitlines()
+            assert int(pid_line) == pid and started == transport.start_time(pid)
             assert os.getpgid(pid) == pid == os.getsid(pid)  # its own session and group
             deadline = time.monotonic() + 10
             while len(_pgid_members(pid)) < 2 and time.monotonic() < deadline:
