@@ -44,7 +44,7 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
         assert ci[0] <= high and ci[1] >= low, (label, arms[label]["corrupted"], arms[label]["n"], ci)
     for label in ("multi_stream=off", "capture=eager", "index_k=fp8"):
         assert arms[label]["corrupted"] == 0, arms[label]
-    fix = next(t for t in report["throughput"] if t["arm"] == "multi_stream=off")
+    fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
     assert fix["verdict"] == "no regression", fix
     assert not no_servers_left(tmp_path)
 
@@ -58,7 +58,7 @@ def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_
     assert verdicts(report) == {"H-multistream": "implicated"}, out[-3000:]
     assert {a["label"] for a in report["arms"]} == {"baseline", "multi_stream=off"}
     assert all(len(a["runs"]) == 2 for a in report["arms"])  # two repetitions each
-    fix = next(t for t in report["throughput"] if t["arm"] == "multi_stream=off")
+    fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
     assert fix["verdict"] == "no regression", fix
     assert "orchestrator.sim.server" in report["arms"][0]["config"]["decode"]["argv"]
     assert (

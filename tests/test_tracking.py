@@ -99,7 +99,7 @@ def bench_result(speed: float = 1.0, warn: bool = False, levels=(1, 8)) -> Bench
                 achieved_concurrency=float(c),
                 client_cpu_s=0.1,
                 loop_lag_p99_s=0.001,
-                warnings=["client CPU saturated"] if warn else [],
+                warnings=["client: CPU saturated"] if warn else [],
                 request_tokens=tokens,
                 request_latency_s=latency,
             )
@@ -229,7 +229,7 @@ def test_bench_metrics_and_read_back(cfg_for, tmp_path):
         callback._restore_env()
     run = client_for(cfg).get_run(tracker.run_id)
     assert run.data.tags["client_bound"] == "true"
-    assert "client CPU saturated" in run.data.tags["bench_warnings"]
+    assert "client: CPU saturated" in run.data.tags["bench_warnings"]
     assert run.data.metrics["tok_s.c8"] == pytest.approx(bench_result().levels[1].output_tok_s)
     assert run.data.metrics["ttft_p99_s.c1"] == pytest.approx(0.1)
     spec, context, records = load_study(str(cfg.tracking.uri), str(cfg.study.name))
