@@ -22,6 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import free_port
+from tests.test_study import finish
 
 ROLES = ("prefill", "decode", "router")
 STUDY = "quick"
@@ -165,16 +166,6 @@ class Study:
             pgid = pid_of(path)
             if pgid and group_alive(pgid):
                 os.killpg(pgid, signal.SIGKILL)
-
-
-def finish(proc: subprocess.Popen, timeout: float) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"orchestrator did not finish within {timeout}s:\n{out[-5000:]}")
-    return out
 
 
 def pid_of(pid_file: Path) -> int | None:

@@ -388,20 +388,13 @@ class SimServer:
         await response.prepare(request)
         created = int(time.time())
 
+        def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            head = {"id": rid, "object": "chat.completion.chunk", "created": created}
+            head["model"] = self.model_name
+            return b"data: " + _dumps({**head, "choices": choices, **extra}) + b"\n\n"
+
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return (
-                b"data: "
-                + _dumps(
-                    {
-                        "id": rid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": self.model_name,
-                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-                    }
-                )
-                + b"\n\n"
-            )
+            return event([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
 
         sent_content, sent_calls = 0, []  # chars of content sent; per call: chars of arguments sent
         try:
@@ -430,21 +423,8 @@ class SimServer:
                         sent_calls[i] = len(args)
                 if req.done:
                     out.append(chunk({}, self._finish_reason(req, bool(parsed.calls))))
-                    if include_usage:
-                        out.append(
-                            b"data: "
-                            + _dumps(
-                                {
-                                    "id": rid,
-                                    "object": "chat.completion.chunk",
-                                    "created": created,
-                                    "model": self.model_name,
-                                    "choices": [],
-                                    "usage": self._usage(req),
-                                }
-                            )
-                            + b"\n\n"
-                        )
+                    if include_usage:  # SGLang's usage chunk: no choices, only usage
+                        out.append(event([], usage=self._usage(req)))
                     out.append(b"data: [DONE]\n\n")
                 if out:
                     await response.write(b"".join(out))

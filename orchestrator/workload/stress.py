@@ -357,39 +357,10 @@ async def run_stress(
     return summary
 
 
-def run_stress_sync(
-    url: str,
-    sessions: int,
-    rounds: int,
-    concurrency: int | None,
-    seed: int,
-    model: str,
-    timeout_s: float,
-    out_dir: str | Path,
-    check_plan: bool = True,
-    progress: bool | None = None,
-    *,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    server_gone: Callable[[], str | None] | None = None,
-) -> StressSummary:
-    """`run_stress` in a fresh event loop; Ctrl-C writes the partial outputs, then raises
-    KeyboardInterrupt."""
-    return asyncio.run(
-        run_stress(
-            url,
-            sessions,
-            rounds,
-            concurrency,
-            seed,
-            model,
-            timeout_s,
-            out_dir,
-            check_plan,
-            progress,
-            max_tokens=max_tokens,
-            server_gone=server_gone,
-        )
-    )
+def run_stress_sync(*args: Any, **kwargs: Any) -> StressSummary:
+    """`run_stress` (same arguments) in a fresh event loop; Ctrl-C writes the partial outputs, then
+    raises KeyboardInterrupt."""
+    return asyncio.run(run_stress(*args, **kwargs))
 
 
 def format_summary(document: dict[str, Any]) -> str:
