@@ -220,6 +220,23 @@ def tool_result(task: Task, round_index: int) -> str:
     return f"[{step.name} ok] {json.dumps(dict(step.arguments), sort_keys=True)}\n{body}"
 
 
+def conversation_after(task: Task, rounds_done: int) -> list[dict[str, Any]]:
+    """The conversation of a session whose first `rounds_done` rounds went exactly to plan."""
+    messages = initial_messages(task)
+    for r in range(rounds_done):
+        step, call_id = task.steps[r], f"c{r}"
+        function = {"name": step.name, "arguments": json.dumps(dict(step.arguments))}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_result(task, r)})
+    return messages
+
+
 def parse_plan(messages: Sequence[Mapping[str, Any]]) -> list[ToolCall] | None:
     """The plan stated in the first user message of a conversation, or None if there is none."""
     for message in messages:

@@ -15,24 +15,7 @@ from orchestrator.workload import tasks
 
 def conversation(rounds: int, done: int, seed: int = 3):
     task = tasks.make_task(seed, 0, rounds)
-    messages = tasks.initial_messages(task)
-    for r in range(done):
-        step = task.steps[r]
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"c{r}",
-                        "type": "function",
-                        "function": {"name": step.name, "arguments": json.dumps(dict(step.arguments))},
-                    }
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": f"c{r}", "content": tasks.tool_result(task, r)})
-    return task, messages
+    return task, tasks.conversation_after(task, done)
 
 
 def test_tokenize_is_lossless_and_markers_are_single_tokens():

@@ -31,23 +31,7 @@ SHORT_PD_TIMEOUTS = {
 
 def plan_request(done: int = 0, stream: bool = False) -> tuple[tasks.Task, dict]:
     task = tasks.make_task(7, 1, 3)
-    messages = tasks.initial_messages(task)
-    for r in range(done):
-        step = task.steps[r]
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"c{r}",
-                        "type": "function",
-                        "function": {"name": step.name, "arguments": json.dumps(dict(step.arguments))},
-                    }
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": f"c{r}", "content": tasks.tool_result(task, r)})
+    messages = tasks.conversation_after(task, done)
     body = {"model": MODEL, "messages": messages, "tools": tasks.TOOLS, "max_tokens": 512, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
