@@ -113,6 +113,17 @@ def _iter_runs(
 # --- parent run: the study callback ----------------------------------------------------------------
 
 
+def end_parent_refused(config: DictConfig, reason: str) -> None:
+    """The sweep was refused before any job ran (bad input): end this sweep's parent run FAILED with
+    the reason, so MLflow shows why it is empty (the callback's exit hook then leaves it alone)."""
+    run_id = os.environ.get(PARENT_ENV)
+    if not run_id:
+        return
+    client = make_client(str(config.tracking.uri))
+    client.set_tag(run_id, "failure_reason", redact_text(reason, secret_env(config))[:MAX_TAG])
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
 def secret_env(config: DictConfig) -> dict[str, str]:
     """Every secret-looking env var the config sets on a role, in the deployment or a factor level."""
     envs: list[Any] = []
@@ -249,6 +260,8 @@ class StudyCallback(Callback):
             return
         try:
             client = make_client(self._uri)
+            if client.get_run(self.run_id).info.status != "RUNNING":
+                return  # already ended with its reason (e.g. the sweeper refused the sweep: FAILED)
             client.set_tag(self.run_id, "failure_reason", "the multirun ended before on_multirun_end")
             client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.KILLED))
         except Exception:

@@ -108,3 +108,16 @@ def test_ofat_refuses_a_baseline_level_that_is_not_swept():
         ofat_jobs(_choices(factor__capture=["graph", "eager"]), {"capture": "turbo"})
     with pytest.raises(HydraException, match=r"study\.baseline\.capture is not set"):
         ofat_jobs(_choices(factor__capture=["graph", "eager"]), {})
+
+
+def test_problems_found_in_many_jobs_are_reported_once_saying_where():
+    from hydra_plugins.heisenhunt_sweeper.study_sweeper import JOB_SEP, collapse
+
+    problems = [f"bad env{JOB_SEP}a=1", f"bad env{JOB_SEP}a=2", f"bad flag{JOB_SEP}a=2"]
+    problems.append("tracking unreachable")
+    assert collapse(problems, jobs=2) == [
+        "bad env (every job)",
+        "bad flag (in 1 of 2 jobs, e.g. [a=2])",
+        "tracking unreachable",
+    ]
+    assert collapse([f"bad env{JOB_SEP}a=1"], jobs=1) == ["bad env"]

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 FACTOR_PREFIX = "factor/"
+JOB_SEP = "\x00"  # between a problem and the overrides of the job it was found in
 DESIGNS = ("factorial", "ofat")
 
 
@@ -100,6 +101,23 @@ def ofat_jobs(choices: OrderedDict[str, list[str]], baseline: dict[str, str]) ->
         for rest in itertools.product(*(choices[k] for k in other_keys)):
             jobs.append(list(arm.values()) + list(rest))
     return jobs
+
+
+def collapse(problems: list[str], jobs: int) -> list[str]:
+    """One line per distinct problem, saying which jobs have it (most sweeps repeat one mistake)."""
+    where: dict[str, list[str]] = {}
+    for problem in problems:
+        message, _, job = problem.partition(JOB_SEP)
+        where.setdefault(message, [])
+        if job and job not in where[message]:
+            where[message].append(job)
+    lines = []
+    for message, found in where.items():
+        if not found or len(found) == jobs:
+            lines.append(message if not found or jobs == 1 else f"{message} (every job)")
+        else:
+            lines.append(f"{message} (in {len(found)} of {jobs} jobs, e.g. [{found[0]}])")
+    return sorted(lines)
 
 
 class StudySweeper(BasicSweeper):
@@ -173,11 +191,15 @@ class StudySweeper(BasicSweeper):
                 validate(cfg)
                 planned.append((overrides, cfg, plan_arm(cfg)))
             except ConfigError as e:
-                problems += [f"[{' '.join(overrides)}] {p}" for p in e.problems]
+                problems += [f"{p}{JOB_SEP}{' '.join(overrides)}" for p in e.problems]
         if not problems:
             problems += self._check_on_hosts(planned)
         if problems:
-            raise ConfigError(sorted(set(problems)))
+            error = ConfigError(collapse(problems, len(batch)))
+            from orchestrator.tracking import end_parent_refused
+
+            end_parent_refused(self.config, str(error))
+            raise error
 
     @staticmethod
     def _check_on_hosts(planned) -> list[str]:
@@ -208,7 +230,7 @@ class StudySweeper(BasicSweeper):
                     try:
                         check_arm_on_hosts(cfg, plan, transports)
                     except (PreflightError, TransportError) as e:
-                        problems.append(f"[{' '.join(overrides)}] {e}")
+                        problems.append(f"{e}{JOB_SEP}{' '.join(overrides)}")
             finally:
                 close_all(transports)
         return problems
