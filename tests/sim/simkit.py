@@ -113,65 +113,31 @@ class Cluster:
         self.procs[role] = proc
         return proc
 
-    def start_prefill(self, arm: Arm = BASELINE, extra: Sequence[str] = (), wait: bool = True) -> Proc:
-        argv = [
-            sys.executable,
-            "-m",
-            "orchestrator.sim.server",
-            "--model-path",
-            MODEL,
-            "--disaggregation-mode",
-            "prefill",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.prefill_port),
-            "--disaggregation-bootstrap-port",
-            str(self.bootstrap_port),
-            "--disable-overlap-schedule",
-            "--tool-call-parser",
-            "deepseekv4",
-            "--enable-metrics",
-            *arm.prefill_flags(),
-            *extra,
-        ]
-        proc = self._start(
-            "prefill", argv, self._sim_env(arm.prefill_env()), f"http://127.0.0.1:{self.prefill_port}"
-        )
+    def _server_argv(self, mode: str, port: int, *flags: str) -> list[str]:
+        """The sim server's launch command, shaped like the orchestrator's sim_dsv4 deployment."""
+        return [
+            sys.executable, "-m", "orchestrator.sim.server", "--model-path", MODEL,
+            "--disaggregation-mode", mode, "--host", "127.0.0.1", "--port", str(port),
+            "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
+            "--tool-call-parser", "deepseekv4", "--enable-metrics", *flags,
+        ]  # fmt: skip
+
+    def _start_server(
+        self, role: str, port: int, env: Mapping[str, str], flags: Sequence[str], wait: bool
+    ) -> Proc:
+        argv = self._server_argv(role, port, *flags)
+        proc = self._start(role, argv, self._sim_env(env), f"http://127.0.0.1:{port}")
         if wait:
             self.wait_healthy(proc)
         return proc
 
+    def start_prefill(self, arm: Arm = BASELINE, extra: Sequence[str] = (), wait: bool = True) -> Proc:
+        flags = [*arm.prefill_flags(), *extra]
+        return self._start_server("prefill", self.prefill_port, arm.prefill_env(), flags, wait)
+
     def start_decode(self, arm: Arm = BASELINE, extra: Sequence[str] = (), wait: bool = True) -> Proc:
-        argv = [
-            sys.executable,
-            "-m",
-            "orchestrator.sim.server",
-            "--model-path",
-            MODEL,
-            "--disaggregation-mode",
-            "decode",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.decode_port),
-            "--disaggregation-bootstrap-port",
-            str(self.bootstrap_port),
-            "--disable-overlap-schedule",
-            "--cuda-graph-max-bs",
-            "32",
-            "--tool-call-parser",
-            "deepseekv4",
-            "--enable-metrics",
-            *arm.decode_flags(),
-            *extra,
-        ]
-        proc = self._start(
-            "decode", argv, self._sim_env(arm.decode_env()), f"http://127.0.0.1:{self.decode_port}"
-        )
-        if wait:
-            self.wait_healthy(proc)
-        return proc
+        flags = ["--cuda-graph-max-bs", "32", *arm.decode_flags(), *extra]
+        return self._start_server("decode", self.decode_port, arm.decode_env(), flags, wait)
 
     def start_router(self, extra: Sequence[str] = ()) -> Proc:
         argv = [
