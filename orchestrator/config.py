@@ -295,6 +295,7 @@ def validate(cfg: DictConfig) -> None:
             )
     if hosts.prefill.bootstrap_port is None:
         problems.append("cluster.hosts.prefill.bootstrap_port: required (the PD bootstrap port)")
+    problems += port_clashes(hosts)
     for role in ROLES:
         launch = cfg.deployment.roles[role]
         where = f"deployment.roles.{role}"
@@ -336,6 +337,27 @@ def validate(cfg: DictConfig) -> None:
         problems.append(f"bench.concurrency: {list(cfg.bench.concurrency)} must all be >= 1")
     if problems:
         raise ConfigError(problems)
+
+
+def port_clashes(hosts: DictConfig) -> list[str]:
+    """Two servers on one address given one port: the second cannot bind, and health checks of its
+    URL would be answered by the first."""
+    problems: list[str] = []
+    taken: dict[tuple[str, int], str] = {}
+    for role in ROLES:
+        host = hosts[role]
+        for key in ("port", "bootstrap_port", "metrics_port"):
+            port = host.get(key)
+            if port is None:
+                continue
+            where = f"cluster.hosts.{role}.{key}"
+            other = taken.setdefault((str(host.address), int(port)), where)
+            if other != where:
+                problems.append(
+                    f"{where}: port {port} on {host.address} is also {other}; accepted: a port "
+                    f"no other server of the deployment uses on that address"
+                )
+    return problems
 
 
 def _yaml_bool(value: Any) -> bool:

@@ -12,11 +12,19 @@ from omegaconf import DictConfig
 
 from orchestrator.config import CONF_DIR
 
+_ISSUED: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, never the same one twice in a test session: two servers
+    of one deployment given the same port would answer each other's health checks."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ISSUED:
+            _ISSUED.add(port)
+            return port
 
 
 def local_cluster_overrides(tmp_path: Path) -> list[str]:

@@ -109,6 +109,13 @@ def _problems(compose_cfg, *overrides) -> str:
             ["cluster.hosts.decode.transport", "'telnet'", "['local', 'ssh']"],
         ),
         (["study.test=bayes"], ["study.test", "['fisher', 'boschloo']"]),
+        (
+            ["cluster.hosts.decode.port=8998", "cluster.hosts.prefill.bootstrap_port=8998"],
+            [
+                "cluster.hosts.decode.port: port 8998 on 127.0.0.1",
+                "is also cluster.hosts.prefill.bootstrap_port",
+            ],
+        ),
     ],
 )
 def test_bad_config_is_refused_naming_the_key_and_what_is_accepted(compose_cfg, overrides, expected):

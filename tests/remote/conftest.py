@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import free_port
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 USER = os.environ.get("USER") or __import__("getpass").getuser()
 
@@ -37,12 +39,6 @@ def keygen(path: Path, kind: str = "ed25519") -> Path:
 def public_key(path: Path) -> str:
     """`type base64` of a key's .pub file."""
     return " ".join(Path(f"{path}.pub").read_text().split()[:2])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def known_hosts_name(address: str, port: int) -> str:

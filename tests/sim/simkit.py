@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import time
 import urllib.error
@@ -25,15 +24,10 @@ import aiohttp
 
 from orchestrator.remote.local import LocalTransport
 from orchestrator.workload import tasks
+from tests.conftest import free_port
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- the study's factors -> env/flags per role (what the planner emits) ---------------------------

@@ -6,7 +6,6 @@ Started through `LocalTransport.start_detached` (its own process group) and alwa
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 import urllib.error
@@ -18,15 +17,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.remote.local import LocalTransport
+from tests.conftest import free_port
 
 # a server with no fault rule matching: eager decode (the built-in model needs captured graphs)
 HEALTHY_ARGS = ("--disable-cuda-graph",)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
