@@ -35,11 +35,11 @@ import errno
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
 import aiohttp
+
+from orchestrator.results import StreamedToolCall, StreamedTurn
 
 try:  # orjson (a dependency of sglang-router) parses ~3x faster; plain json is the fallback
     import orjson
@@ -84,66 +84,6 @@ class RequestError(Exception):
         self.status = status
         self.message = message
         super().__init__(f"{kind}: {message}")
-
-
-@dataclass
-class StreamedToolCall:
-    """One tool call assembled from its stream deltas; `arguments` is the raw JSON text as streamed."""
-
-    index: int
-    id: str | None = None
-    name: str = ""
-    arguments: str = ""
-
-    def as_message(self) -> dict[str, Any]:
-        """The call as it goes back into the conversation (an assistant message's tool_calls entry)."""
-        return {
-            "id": self.id or f"call_{self.index}",
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass
-class StreamedTurn:
-    """One streamed assistant turn, parsed."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[StreamedToolCall] = field(default_factory=list)
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    done: bool = False  # saw `data: [DONE]`
-    raw: bytes = b""  # the response body exactly as received
-    started: float = 0.0  # time.monotonic() when the request was sent
-    ended: float = 0.0  # time.monotonic() when the body ended
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each token-bearing event
-
-    @property
-    def raw_text(self) -> str:
-        return self.raw.decode("utf-8", "replace")
-
-    @property
-    def latency_s(self) -> float:
-        return self.ended - self.started
-
-    @property
-    def ttft_s(self) -> float | None:
-        return self.chunk_times[0] - self.started if self.chunk_times else None
-
-    @property
-    def itl_s(self) -> list[float]:
-        """Gaps between successive token-bearing events (an event may carry several tokens)."""
-        times = self.chunk_times
-        return [b - a for a, b in pairwise(times)]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return int((self.usage or {}).get("prompt_tokens") or 0)
-
-    @property
-    def completion_tokens(self) -> int:
-        return int((self.usage or {}).get("completion_tokens") or 0)
 
 
 def open_session(concurrency: int, connect_timeout_s: float = 10.0) -> aiohttp.ClientSession:

@@ -26,7 +26,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from orchestrator.workload.client import StreamedToolCall, StreamedTurn
+from orchestrator.results import StreamedToolCall, StreamedTurn
 from orchestrator.workload.tasks import TOOL_SCHEMAS, ToolCall
 
 

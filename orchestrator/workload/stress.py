@@ -38,8 +38,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.results import BadTurn, SessionOutcome, StressSummary
-from orchestrator.workload.client import RequestError, StreamedTurn, chat_payload, open_session, stream_chat
+from orchestrator.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
+from orchestrator.workload.client import RequestError, chat_payload, open_session, stream_chat
 from orchestrator.workload.detect import check_turn
 from orchestrator.workload.tasks import TOOLS, Task, initial_messages, make_task, tool_result
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from orchestrator.results import StreamedTurn
 from orchestrator.workload.client import (
     ERROR_KINDS,
     RequestError,
     SSEParser,
-    StreamedTurn,
     chat_payload,
     open_session,
     stream_chat,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.results import StreamedToolCall, StreamedTurn
 from orchestrator.workload import detect
-from orchestrator.workload.client import StreamedToolCall, StreamedTurn
 from orchestrator.workload.detect import DETECTORS, Finding, check_turn
 from orchestrator.workload.tasks import ToolCall, make_task
 
