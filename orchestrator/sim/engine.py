@@ -6,8 +6,10 @@ eager above it or everywhere with `--disable-cuda-graph`), then advance every ru
 one token. There is no per-request sleep: throughput and latency come from the batch, as on a GPU.
 When a planned tool-call request joins the batch, the fault model's rule for (prefill config,
 decode config) gives the probability, over the decode's load (requests held: running, queued or
-receiving KV), that its output is corrupted, and with which shape. All sleeps are multiplied by
-the time scale.
+receiving KV), that its output is corrupted, and with which shape. A rule with `restart_icc` has its
+start's draw made once, when the engine is built at server start-up (`faults.draw_restart_quantiles`),
+and shifts that probability for the whole life of the process. All sleeps are multiplied by the time
+scale.
 
 The prefill loop takes queued prompts up to `--chunked-prefill-size` tokens per batch and sleeps the
 modelled prefill time of the batch.
@@ -26,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.sim import agent
-from orchestrator.sim.faults import FaultModel, RoleConfig
+from orchestrator.sim.faults import FaultModel, RoleConfig, Rule, draw_restart_quantiles
+from orchestrator.workload import tasks
 
 log = logging.getLogger("sglang.sim.scheduler")
 
@@ -54,6 +57,8 @@ class SimCounters:
     transfer_failures: int = 0
     prefill_batches: int = 0
     last_gen_throughput: float = 0.0
+    # rule -> this start's quantile of its between-start rate distribution (rules with restart_icc)
+    restart_quantiles: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in vars(self).items() if k != "corrupted_by_shape"}
@@ -106,6 +111,13 @@ class DecodeEngine:
         self.max_graph_bs = int(args.get("cuda_graph_max_bs") or 32)
         self.multi_stream = bool(config.env.get("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", True))
         self.stream_interval = max(1, int(args.get("stream_interval") or 1))
+        # once per server start: where this start's rate lies for each rule with restart_icc
+        self.restart_quantiles = draw_restart_quantiles(model.rules, rng)
+        counters.restart_quantiles = dict(self.restart_quantiles)
+        if self.restart_quantiles:
+            log.info(
+                "restart draw (quantile of the between-start rate, per rule): %s", self.restart_quantiles
+            )
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
         self.inflight = 0  # requests held by the server: receiving KV, queued or running
@@ -175,7 +187,7 @@ class DecodeEngine:
             self.counters.planned_turns += 1
             self.counters.planned_load_sum += batch
             rule = self.model.rule_for(request.prefill_config, self.config)
-            if rule is not None and self.rng.random() < rule.probability(batch):
+            if rule is not None and self.rng.random() < self._turn_probability(rule, request, batch):
                 shapes = list(rule.shapes)
                 request.shape = self.rng.choices(shapes, weights=[rule.shapes[s] for s in shapes])[0]
                 request.tokens = agent.corrupt(
@@ -201,6 +213,13 @@ class DecodeEngine:
             request.finish_length = True
         if not request.tokens:
             request.tokens = [""]  # a generation is at least one step
+
+    def _turn_probability(self, rule: Rule, request: DecodeRequest, batch: int) -> float:
+        quantile = self.restart_quantiles.get(rule.name)
+        if quantile is None:
+            return rule.probability(batch)
+        turns = len(tasks.parse_plan(request.messages) or ())
+        return rule.turn_probability(batch, turns, quantile)
 
     def _advance(self, step: float, captured: bool, batch: int) -> None:
         c = self.counters

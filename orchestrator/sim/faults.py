@@ -7,6 +7,15 @@ Pure: `load_fault_model(path)` / `validate_fault_model(data)` turn a file / a ma
 them in its preflight. `FaultModel.rule_for(prefill, decode)` picks the first rule whose conditions
 hold over the effective config of both roles; `Rule.probability(batch)` and `ThroughputModel.step_s`
 are plain interpolations.
+
+Between-start variation (`restart_icc`): a real heisenbug's rate moves from one server start to the
+next (what a captured graph happens to alias is decided once per start). A rule with `restart_icc` rho
+> 0 makes each decode start draw one quantile u ~ U(0, 1) for the rule (`draw_restart_quantiles`); a
+session whose rate would be q (`session_rate`) then has rate `restart_rate(q, u, rho)`, the u-quantile
+of the Beta distribution with mean q and intra-class correlation rho. Over starts that rate has mean
+q (the start's multiplier, restart_rate / q, has mean 1) and variance rho q (1 - q), so the sessions
+of one start have intra-class correlation rho whatever q is: outcomes of one start are beta-binomial.
+The same u serves every load, so a start that is unlucky at one batch is unlucky at all of them.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ SHAPES = (
     "wrong_arguments",
 )
 TOP_KEYS = ("version", "name", "description", "seed", "rules", "throughput")
-RULE_KEYS = ("name", "when", "probability", "shapes")
+RULE_KEYS = ("name", "when", "probability", "shapes", "restart_icc")
 THROUGHPUT_KEYS = (
     "graph_step_ms",
     "eager_step_ms",
@@ -108,6 +117,8 @@ class Rule:
     when: Mapping[str, tuple[Any, ...]]  # "decode.env.X" -> accepted values
     curve: Curve  # per-turn corruption probability over the decode batch
     shapes: Mapping[str, float]  # shape -> weight (> 0 only)
+    # intra-class correlation of session outcomes within one server start (0: sessions independent)
+    restart_icc: float = 0.0
 
     def matches(self, prefill: RoleConfig, decode: RoleConfig) -> bool:
         roles = {"prefill": prefill, "decode": decode}
@@ -123,6 +134,39 @@ class Rule:
         if batch <= 1:
             return 0.0
         return min(1.0, max(0.0, self.curve(batch)))
+
+    def turn_probability(self, batch: int, turns: int, quantile: float | None) -> float:
+        """`probability(batch)` as this server start sees it: the per-turn probability that gives a
+        session of `turns` planned tool calls at this batch the start's rate (see the module doc)."""
+        p = self.probability(batch)
+        if quantile is None or self.restart_icc == 0 or turns < 1 or p in (0.0, 1.0):
+            return p
+        rate = restart_rate(session_rate(p, turns), quantile, self.restart_icc)
+        return 1.0 - (1.0 - rate) ** (1.0 / turns)
+
+
+def session_rate(p_turn: float, turns: int) -> float:
+    """Probability that a session of `turns` planned tool calls, each corrupted with probability
+    `p_turn` independently, has at least one corrupted turn (it ends at the first)."""
+    return 1.0 - (1.0 - p_turn) ** turns
+
+
+def restart_rate(q: float, quantile: float, icc: float) -> float:
+    """The session rate of a server start whose draw is `quantile`: the quantile of Beta(mean q, ICC
+    icc), i.e. Beta(q (1 - icc) / icc, (1 - q) (1 - icc) / icc); q itself when icc is 0."""
+    if icc <= 0 or q <= 0 or q >= 1:
+        return q
+    if icc >= 1:  # every session of a start alike: the start is all corrupted or all clean
+        return 1.0 if quantile < q else 0.0
+    from scipy.special import betaincinv  # only models with restart_icc pay the import
+
+    scale = (1 - icc) / icc
+    return float(betaincinv(q * scale, (1 - q) * scale, quantile))
+
+
+def draw_restart_quantiles(rules: Sequence[Rule], rng: Any) -> dict[str, float]:
+    """One quantile per rule with restart_icc > 0, drawn once per server start (`rng.random()`)."""
+    return {rule.name: rng.random() for rule in rules if rule.restart_icc > 0}
 
 
 @dataclass(frozen=True)
@@ -280,7 +324,10 @@ def _rule(data: Any, where: str, keys: Mapping[str, type], fail) -> Rule:
             shapes[shape] = float(weight)
     if not shapes:
         raise fail(f"{where}.shapes", "at least one shape needs a weight > 0")
-    return Rule(name, when, curve, shapes)
+    icc = data.get("restart_icc", 0.0)
+    if isinstance(icc, bool) or not isinstance(icc, int | float) or not 0 <= icc <= 1:
+        raise fail(f"{where}.restart_icc", f"expected a number from 0 to 1, got {icc!r}")
+    return Rule(name, when, curve, shapes, float(icc))
 
 
 def _curve(data: Any, where: str, fail, y_max: float | None = None, extrapolate: bool = False) -> Curve:

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from orchestrator.sim.args import parse_args
+from orchestrator.sim.engine import DecodeEngine, SimCounters
 from orchestrator.sim.envs import effective_env, parse_env_bool
 from orchestrator.sim.faults import (
     BUILTIN_PATH,
     FaultModelError,
     RoleConfig,
     load_fault_model,
+    restart_rate,
+    session_rate,
     validate_fault_model,
 )
 from orchestrator.sim.server import parse_time_scale
@@ -166,6 +171,11 @@ def test_clean_model_and_throughput_defaults(tmp_path: Path):
             ["shapes", "'gibberish'", "truncated_arguments"],
         ),
         (lambda d: d["rules"][0].update(shapes={"invalid_json": 0}), ["shapes", "weight > 0"]),
+        (
+            lambda d: d["rules"][0].update(restart_icc=1.5),
+            ["rules[0] (overlap-race-hicache).restart_icc", "0 to 1"],
+        ),
+        (lambda d: d["rules"][0].update(restart_icc="high"), ["restart_icc", "'high'"]),
         (lambda d: d["rules"][0].pop("when"), ["rules[0]", "missing required key 'when'"]),
         (lambda d: d["rules"][1].update(name=d["rules"][0]["name"]), ["used twice"]),
         (lambda d: d["throughput"].update(graph_step_ms=[[1, 0]]), ["throughput.graph_step_ms[0]", "> 0 ms"]),
@@ -194,3 +204,62 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path):
         load_fault_model(tmp_path / "x.yaml")
     with pytest.raises(FaultModelError, match="expected a mapping"):
         validate_fault_model(["rules"])
+
+
+# --- between-start variation (restart_icc) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("q", "icc"), [(0.15, 0.005), (0.15, 0.1), (0.03, 0.02), (0.5, 0.3)])
+def test_restart_rate_has_mean_q_and_the_stated_icc(q, icc):
+    """Over starts (u uniform), a start's session rate s has mean q and variance icc q (1 - q): the
+    sessions of one start then have intra-class correlation icc (beta-binomial)."""
+    u = (np.arange(200_000) + 0.5) / 200_000  # a fine grid of quantiles: the integral over u
+    s = np.array([restart_rate(q, x, icc) for x in u[::50]])
+    assert s.mean() == pytest.approx(q, rel=0.01)
+    assert s.var() / (q * (1 - q)) == pytest.approx(icc, rel=0.03)
+    assert np.all(np.diff(s) >= 0)  # a higher draw is an unluckier start
+    assert restart_rate(q, 0.3, 0.0) == q  # icc 0: every start alike
+
+
+def test_sessions_of_one_start_correlate_as_stated():
+    """Simulate starts with the rule's own per-turn probability, at a constant load: the ANOVA
+    estimate of the ICC of session outcomes recovers restart_icc, and icc 0 gives independent sessions."""
+    rule = load_fault_model().rules[0]
+    rng = np.random.default_rng(3)
+    turns, sessions, starts = 4, 60, 3000
+    for icc, expected in ((0.1, 0.1), (0.0, 0.0)):
+        r = validate_fault_model({"rules": [{**rule_dict(), "restart_icc": icc}]}).rules[0]
+        p = np.array([r.turn_probability(60, turns, u) for u in rng.random(starts)])
+        corrupted_turns = rng.random((starts, sessions, turns)) < p[:, None, None]
+        k = corrupted_turns.any(axis=2).sum(axis=1)
+        q = session_rate(rule.probability(60), turns)
+        assert k.mean() / sessions == pytest.approx(q, abs=0.01)
+        msb = sessions * np.var(k / sessions, ddof=1)
+        msw = np.mean(k * (sessions - k) / sessions) / (sessions - 1)
+        icc_hat = (msb - msw) / (msb + (sessions - 1) * msw)
+        assert icc_hat == pytest.approx(expected, abs=0.015)
+
+
+def rule_dict() -> dict:
+    return dict(yaml.safe_load(BUILTIN_PATH.read_text())["rules"][0])
+
+
+def test_each_decode_start_draws_once_and_only_for_rules_with_restart_icc():
+    model = load_fault_model()
+    _, decode = pair()
+
+    def start(seed: int) -> DecodeEngine:
+        return DecodeEngine(model, decode, 0.0, SimCounters(), random.Random(seed))
+
+    a, b = start(1), start(2)
+    assert set(a.restart_quantiles) == {r.name for r in model.rules}
+    assert a.restart_quantiles != b.restart_quantiles  # another start, another draw
+    assert start(1).restart_quantiles == a.restart_quantiles  # a seeded model reproduces it
+    assert a.counters.restart_quantiles == a.restart_quantiles  # shown in /server_info
+    # a model without restart_icc draws nothing: its fault draws are exactly the old ones
+    data = yaml.safe_load(BUILTIN_PATH.read_text())
+    for r in data["rules"]:
+        r.pop("restart_icc", None)
+    rng = random.Random(5)
+    engine = DecodeEngine(validate_fault_model(data), decode, 0.0, SimCounters(), rng)
+    assert engine.restart_quantiles == {} and rng.random() == random.Random(5).random()
