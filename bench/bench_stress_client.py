@@ -28,7 +28,7 @@ from pathlib import Path
 from orchestrator.remote.local import LocalTransport
 from orchestrator.workload.client import SSEParser, chat_payload, open_session, stream_chat
 from orchestrator.workload.detect import check_turn
-from orchestrator.workload.stress import run_stress
+from orchestrator.workload.stress import StressSettings, run_stress
 from orchestrator.workload.tasks import TOOLS, initial_messages, make_task
 
 
@@ -92,7 +92,10 @@ def replay(raw: bytes, seconds: float = 2.0) -> float:
 
 async def level(url: str, sessions: int, rounds: int, out: Path) -> dict[str, float]:
     cpu0, wall0 = time.process_time(), time.monotonic()
-    summary = await run_stress(url, sessions, rounds, sessions, 0, "m", 300.0, out, progress=False)
+    settings = StressSettings(
+        url=url, out_dir=out, sessions=sessions, rounds=rounds, model="m", timeout_s=300.0, progress=False
+    )
+    summary = await run_stress(settings)
     cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
     turns = sum(len(json.loads(line)["turn_latency_s"]) for line in (out / "sessions.jsonl").open())
     return {

@@ -20,6 +20,7 @@ Interruption (Ctrl-C, or the caller cancelling the task): sessions still in flig
 (`partial`), and the cancellation propagates (KeyboardInterrupt from `run_stress_sync`).
 
 At most `concurrency` sessions run at once (default: all); one HTTP connection pool serves them all.
+From code: `run_stress_sync(StressSettings(url=..., out_dir=..., sessions=60, rounds=4))`.
 Standalone: `python -m orchestrator.workload.stress --url URL --sessions 60 --rounds 4 --out DIR`.
 """
 
@@ -34,7 +35,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -128,30 +129,68 @@ def errors_by_kind(outcomes: list[SessionOutcome]) -> dict[str, int]:
     )
 
 
+@dataclass(frozen=True)
+class StressSettings:
+    """What one stress run does. The run's record (`record()`) goes into summary.json."""
+
+    url: str  # the OpenAI-compatible base URL, e.g. http://127.0.0.1:8000
+    out_dir: Path  # where sessions.jsonl, summary.json and corrupted/ are written
+    sessions: int = 60
+    rounds: int = 4
+    concurrency: int | None = None  # sessions at once; None (or 0) means all of them
+    seed: int = 0  # session i's task is make_task(seed, i, rounds)
+    model: str = "default"  # the served model name sent in each request
+    timeout_s: float = 120.0  # per turn, first byte to last
+    check_plan: bool = True  # the wrong_call detector (the target is expected to follow the plan)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    progress: bool | None = None  # live display on stderr; None: exactly when stderr is a terminal
+    watch_interval_s: float = 2.0  # how often `server_gone` is polled
+
+    def __post_init__(self) -> None:
+        if self.sessions < 1 or self.rounds < 1:
+            raise ValueError(f"sessions and rounds must be >= 1: {self.sessions}, {self.rounds}")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    @property
+    def workers(self) -> int:
+        """Sessions that run at once."""
+        return min(self.sessions, self.concurrency or self.sessions)
+
+    def record(self) -> dict[str, Any]:
+        """The settings that shape the result, as summary.json keeps them."""
+        return {
+            "url": self.url,
+            "sessions": self.sessions,
+            "rounds": self.rounds,
+            "concurrency": self.workers,
+            "seed": self.seed,
+            "model": self.model,
+            "timeout_s": self.timeout_s,
+            "check_plan": self.check_plan,
+            "max_tokens": self.max_tokens,
+        }
+
+
 async def run_session(
-    http: Any,
-    url: str,
-    task: Task,
-    rounds: int,
-    model: str,
-    timeout_s: float,
-    check_plan: bool,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
+    http: Any, settings: StressSettings, task: Task
 ) -> tuple[SessionOutcome, dict[str, Any] | None]:
     """One session to its end; returns its outcome and, when corrupted, its transcript."""
+    rounds = settings.rounds
     messages = initial_messages(task)
     outcome = SessionOutcome(session_id=task.task_id, status="clean", rounds=rounds, rounds_done=0)
     for r in range(rounds):
-        payload = chat_payload(model, messages, TOOLS, max_tokens=max_tokens, temperature=0.0)
+        payload = chat_payload(
+            settings.model, messages, TOOLS, max_tokens=settings.max_tokens, temperature=0.0
+        )
         try:
-            turn = await stream_chat(http, url, payload, timeout=timeout_s)
+            turn = await stream_chat(http, settings.url, payload, timeout=settings.timeout_s)
         except RequestError as e:
             outcome.status, outcome.error = "errored", f"{e.kind}: {e.message} (round {r})"[:500]
             return outcome, None
         outcome.turn_latency_s.append(round(turn.latency_s, 6))
         outcome.prompt_tokens += turn.prompt_tokens
         outcome.completion_tokens += turn.completion_tokens
-        finding = check_turn(turn, task.expected(r), check_plan=check_plan)
+        finding = check_turn(turn, task.expected(r), check_plan=settings.check_plan)
         if finding is not None:
             outcome.status = "corrupted"
             outcome.bad_turn = BadTurn(r, finding.detector, finding.reason, raw_output(turn))
@@ -242,84 +281,51 @@ class _Progress:
         self.progress.stop()
 
 
-async def run_stress(
-    url: str,
-    sessions: int,
-    rounds: int,
-    concurrency: int | None,
-    seed: int,
-    model: str,
-    timeout_s: float,
-    out_dir: str | Path,
-    check_plan: bool = True,
-    progress: bool | None = None,
-    *,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    server_gone: Callable[[], str | None] | None = None,
-    watch_interval_s: float = 2.0,
-) -> StressSummary:
-    """Run the workload against `url` (an OpenAI-compatible base URL) and write the outputs.
+class _StressRun:
+    """One run's shared state: the next session to start, the abort signal and its reason, the outputs.
 
-    `concurrency` None means all sessions at once. `progress` None means a live display exactly when
-    stderr is a terminal. On cancellation the outputs are written (in-flight sessions left out) and
-    the CancelledError propagates.
-
-    `server_gone`, polled every `watch_interval_s` in a thread, returns why the deployment can no longer
-    serve (a server process died) or None. Then the sessions in flight end as `errored` at once, rather
-    than each waiting out its timeout against a router that keeps retrying, and no new session starts
-    (the summary is then partial: `planned` > `sessions`).
+    `concurrency` workers take sessions in index order until all have started or the watchdog aborts;
+    each records its session's outcome as soon as it ends.
     """
-    if sessions < 1 or rounds < 1:
-        raise ValueError(f"sessions and rounds must be >= 1: {sessions}, {rounds}")
-    concurrency = min(sessions, concurrency or sessions)
-    if progress is None:
-        progress = sys.stderr.isatty()
-    settings = {
-        "url": url,
-        "sessions": sessions,
-        "rounds": rounds,
-        "concurrency": concurrency,
-        "seed": seed,
-        "model": model,
-        "timeout_s": timeout_s,
-        "check_plan": check_plan,
-        "max_tokens": max_tokens,
-    }
-    outputs = _Outputs(Path(out_dir), sessions, progress)
-    started = time.monotonic()
-    next_index = 0
 
-    abort = asyncio.Event()
-    gone_reason = ""
+    def __init__(
+        self, settings: StressSettings, outputs: _Outputs, server_gone: Callable[[], str | None] | None
+    ):
+        self.settings = settings
+        self.outputs = outputs
+        self.server_gone = server_gone
+        self.next_index = 0
+        self.abort = asyncio.Event()
+        self.gone_reason = ""
 
-    async def watchdog() -> None:
-        nonlocal gone_reason
-        assert server_gone is not None
+    async def run(self) -> None:
+        watcher = asyncio.ensure_future(self.watchdog()) if self.server_gone is not None else None
+        try:
+            async with open_session(self.settings.workers) as http:
+                await asyncio.gather(*(self.worker(http) for _ in range(self.settings.workers)))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+
+    async def watchdog(self) -> None:
+        assert self.server_gone is not None
         while True:
-            await asyncio.sleep(watch_interval_s)
-            reason = await asyncio.to_thread(server_gone)
+            await asyncio.sleep(self.settings.watch_interval_s)
+            reason = await asyncio.to_thread(self.server_gone)
             if reason:
-                gone_reason = reason
+                self.gone_reason = reason
                 log.error("stress: %s; ending the sessions in flight as errored", reason)
-                abort.set()
+                self.abort.set()
                 return
 
-    async def one_session(http: Any, task: Task) -> tuple[SessionOutcome, dict[str, Any] | None]:
-        try:
-            return await run_session(http, url, task, rounds, model, timeout_s, check_plan, max_tokens)
-        except Exception as e:  # a client bug must not pass for corruption nor kill the run
-            log.exception("session %s failed in the client", task.task_id)
-            return SessionOutcome(
-                task.task_id, "errored", rounds, 0, error=f"client_error: {e!r}"[:500]
-            ), None
-
-    async def worker(http: Any) -> None:
-        nonlocal next_index
-        while next_index < sessions and not abort.is_set():
-            index, next_index = next_index, next_index + 1
-            task = make_task(seed, index, rounds)
-            session = asyncio.ensure_future(one_session(http, task))
-            aborted = asyncio.ensure_future(abort.wait())
+    async def worker(self, http: Any) -> None:
+        settings = self.settings
+        while self.next_index < settings.sessions and not self.abort.is_set():
+            index, self.next_index = self.next_index, self.next_index + 1
+            task = make_task(settings.seed, index, settings.rounds)
+            session = asyncio.ensure_future(self.one_session(http, task))
+            aborted = asyncio.ensure_future(self.abort.wait())
             await asyncio.wait({session, aborted}, return_when=asyncio.FIRST_COMPLETED)
             aborted.cancel()
             if session.done():
@@ -328,23 +334,46 @@ async def run_stress(
                 session.cancel()
                 await asyncio.gather(session, return_exceptions=True)
                 outcome = SessionOutcome(
-                    task.task_id, "errored", rounds, 0, error=f"server_gone: {gone_reason}"
+                    task.task_id, "errored", settings.rounds, 0, error=f"server_gone: {self.gone_reason}"
                 )
                 transcript = None
-            outputs.record(outcome, transcript)
+            self.outputs.record(outcome, transcript)
 
-    watcher = asyncio.ensure_future(watchdog()) if server_gone is not None else None
+    async def one_session(self, http: Any, task: Task) -> tuple[SessionOutcome, dict[str, Any] | None]:
+        try:
+            return await run_session(http, self.settings, task)
+        except Exception as e:  # a client bug must not pass for corruption nor kill the run
+            log.exception("session %s failed in the client", task.task_id)
+            return SessionOutcome(
+                task.task_id, "errored", self.settings.rounds, 0, error=f"client_error: {e!r}"[:500]
+            ), None
+
+
+async def run_stress(
+    settings: StressSettings, server_gone: Callable[[], str | None] | None = None
+) -> StressSummary:
+    """Run the workload and write the outputs under `settings.out_dir`.
+
+    On cancellation the outputs are written (in-flight sessions left out) and the CancelledError
+    propagates.
+
+    `server_gone`, polled every `settings.watch_interval_s` in a thread, returns why the deployment can
+    no longer serve (a server process died) or None. Then the sessions in flight end as `errored` at
+    once, rather than each waiting out its timeout against a router that keeps retrying, and no new
+    session starts (the summary is then partial: `planned` > `sessions`).
+    """
+    progress = sys.stderr.isatty() if settings.progress is None else settings.progress
+    outputs = _Outputs(settings.out_dir, settings.sessions, progress)
+    started = time.monotonic()
     try:
-        async with open_session(concurrency) as http:
-            await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        await _StressRun(settings, outputs, server_gone).run()
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-        summary = outputs.finish(time.monotonic() - started, settings)
+        summary = outputs.finish(time.monotonic() - started, settings.record())
         if summary.partial:
             log.warning(
-                "stress run interrupted: %d of %d sessions have an outcome", summary.sessions, sessions
+                "stress run interrupted: %d of %d sessions have an outcome",
+                summary.sessions,
+                settings.sessions,
             )
     log.info(
         "stress: %d clean, %d corrupted %s, %d errored in %.1fs",
@@ -357,10 +386,12 @@ async def run_stress(
     return summary
 
 
-def run_stress_sync(*args: Any, **kwargs: Any) -> StressSummary:
-    """`run_stress` (same arguments) in a fresh event loop; Ctrl-C writes the partial outputs, then
-    raises KeyboardInterrupt."""
-    return asyncio.run(run_stress(*args, **kwargs))
+def run_stress_sync(
+    settings: StressSettings, server_gone: Callable[[], str | None] | None = None
+) -> StressSummary:
+    """`run_stress` in a fresh event loop; Ctrl-C writes the partial outputs, then raises
+    KeyboardInterrupt."""
+    return asyncio.run(run_stress(settings, server_gone))
 
 
 def format_summary(document: dict[str, Any]) -> str:
@@ -385,39 +416,40 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m orchestrator.workload.stress",
         description="Tool-calling stress reproducer against an OpenAI-compatible endpoint.",
     )
+    defaults = StressSettings
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--sessions", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--sessions", type=int, default=defaults.sessions)
+    parser.add_argument("--rounds", type=int, default=defaults.rounds)
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: all)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per turn")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds per turn")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--no-plan-check", action="store_true", help="disable the wrong_call detector")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    settings = StressSettings(
+        url=args.url,
+        out_dir=Path(args.out),
+        sessions=args.sessions,
+        rounds=args.rounds,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        model=args.model,
+        timeout_s=args.timeout,
+        check_plan=not args.no_plan_check,
+        max_tokens=args.max_tokens,
+        progress=False if args.quiet else None,
+    )
     interrupted = False
     try:
-        run_stress_sync(
-            args.url,
-            args.sessions,
-            args.rounds,
-            args.concurrency,
-            args.seed,
-            args.model,
-            args.timeout,
-            args.out,
-            check_plan=not args.no_plan_check,
-            progress=False if args.quiet else None,
-            max_tokens=args.max_tokens,
-        )
+        run_stress_sync(settings)
     except KeyboardInterrupt:
         interrupted = True
-    summary_path = Path(args.out) / "summary.json"
-    print(format_summary(json.loads(summary_path.read_text())))
-    print(f"outputs: {Path(args.out).resolve()}")
+    print(format_summary(json.loads((settings.out_dir / "summary.json").read_text())))
+    print(f"outputs: {settings.out_dir.resolve()}")
     return 130 if interrupted else 0
 
 

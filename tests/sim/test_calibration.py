@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from simkit import BASELINE, FIXED, MODEL, Arm, bench_level, count, run_sessions, sim_counters
 
-from orchestrator.workload.stress import run_stress_sync
+from orchestrator.workload.stress import StressSettings, run_stress_sync
 
 SESSIONS, ROUNDS = 60, 4
 
@@ -46,15 +46,16 @@ def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm
     for rep in range(reps):
         before = sim_counters(c.procs["decode"].url)["corrupted_turns"]
         summary = run_stress_sync(
-            c.router_url,
-            SESSIONS,
-            ROUNDS,
-            None,
-            2000 + rep,
-            MODEL,
-            60.0,
-            tmp_path / f"r{rep}",
-            progress=False,
+            StressSettings(
+                url=c.router_url,
+                out_dir=tmp_path / f"r{rep}",
+                sessions=SESSIONS,
+                rounds=ROUNDS,
+                seed=2000 + rep,
+                model=MODEL,
+                timeout_s=60.0,
+                progress=False,
+            )
         )
         after = sim_counters(c.procs["decode"].url)["corrupted_turns"]
         assert summary.errored == 0 and summary.sessions == SESSIONS

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.results import SessionOutcome, StressSummary
 from orchestrator.workload.detect import DETECTORS
-from orchestrator.workload.stress import run_stress, run_stress_sync, summarize
+from orchestrator.workload.stress import StressSettings, run_stress, run_stress_sync, summarize
 from orchestrator.workload.tasks import make_task
 
 # how each corruption shape of the sim's fault model reaches the client, and the detector that must see it
@@ -38,6 +38,11 @@ def read_outcomes(out: Path) -> list[SessionOutcome]:
 
 def read_summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
+
+
+def settings(url: str, out: Path, **fields) -> StressSettings:
+    """A run against `url` writing to `out`, quiet, with the given fields."""
+    return StressSettings(url=url, out_dir=out, **{"model": "m", "progress": False, **fields})
 
 
 def test_summarize_counts_by_status_and_detector():
@@ -63,9 +68,18 @@ def test_summarize_counts_by_status_and_detector():
     assert summary.partial
 
 
+def test_settings_refuse_an_empty_run_and_resolve_concurrency(tmp_path):
+    with pytest.raises(ValueError, match="sessions and rounds must be >= 1"):
+        StressSettings(url="http://x", out_dir=tmp_path, sessions=0)
+    assert StressSettings(url="http://x", out_dir=tmp_path, sessions=5).workers == 5  # None: all at once
+    assert StressSettings(url="http://x", out_dir=tmp_path, sessions=5, concurrency=50).workers == 5
+
+
 def test_healthy_sim_all_clean(sim_server, tmp_path):
     out = tmp_path / "run"
-    summary = run_stress_sync(sim_server.url, 40, 3, 20, 5, "m", 30.0, out, progress=False)
+    summary = run_stress_sync(
+        settings(sim_server.url, out, sessions=40, rounds=3, concurrency=20, seed=5, timeout_s=30.0)
+    )
     assert (summary.sessions, summary.clean, summary.corrupted, summary.errored, summary.planned) == (
         40,
         40,
@@ -79,12 +93,25 @@ def test_healthy_sim_all_clean(sim_server, tmp_path):
         assert o.status == "clean" and o.rounds_done == 3 and len(o.turn_latency_s) == 3
         assert o.prompt_tokens > 0 and o.completion_tokens > 0
     assert read_summary(out)["clean"] == 40 and not read_summary(out)["partial"]
+    assert read_summary(out)["settings"] == {
+        "url": sim_server.url,
+        "sessions": 40,
+        "rounds": 3,
+        "concurrency": 20,
+        "seed": 5,
+        "model": "m",
+        "timeout_s": 30.0,
+        "check_plan": True,
+        "max_tokens": 1024,
+    }
     assert not (out / "corrupted").exists()
 
 
 def test_thousand_sessions_against_healthy_sim(sim_server, tmp_path):
     out = tmp_path / "run"
-    summary = run_stress_sync(sim_server.url, 1000, 4, 1000, 11, "m", 120.0, out, progress=False)
+    summary = run_stress_sync(
+        settings(sim_server.url, out, sessions=1000, rounds=4, concurrency=1000, seed=11, timeout_s=120.0)
+    )
     assert (summary.corrupted, summary.errored, summary.clean, summary.sessions) == (0, 0, 1000, 1000)
     assert len(read_outcomes(out)) == 1000
 
@@ -93,7 +120,9 @@ def test_faulty_sim_corrupted_sessions_keep_evidence(start_sim, tmp_path):
     """The sim's fault model at the baseline (captured graphs, overlap, bf16 index keys, HiCache)."""
     server = start_sim(args=("--enable-hierarchical-cache",), env={"SGLANG_DSV4_BF16_INDEX_K": "1"})
     out = tmp_path / "run"
-    summary = run_stress_sync(server.url, 60, 4, 60, 3, "m", 60.0, out, progress=False)
+    summary = run_stress_sync(
+        settings(server.url, out, sessions=60, rounds=4, concurrency=60, seed=3, timeout_s=60.0)
+    )
     assert summary.errored == 0
     assert summary.corrupted > 0, server.log_tail()
     # the sim counts the turns it corrupted: the oracle must see each one, and nothing else
@@ -128,7 +157,11 @@ def test_server_killed_mid_run_errors_never_corrupts(start_sim, tmp_path):
     sessions = 40
 
     async def scenario() -> tuple[StressSummary, list[SessionOutcome]]:
-        run = asyncio.create_task(run_stress(server.url, sessions, 3, 8, 2, "m", 30.0, out, progress=False))
+        run = asyncio.create_task(
+            run_stress(
+                settings(server.url, out, sessions=sessions, rounds=3, concurrency=8, seed=2, timeout_s=30.0)
+            )
+        )
         jsonl = out / "sessions.jsonl"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -158,7 +191,11 @@ def test_cancel_writes_partial_outputs(start_sim, tmp_path):
     out = tmp_path / "run"
 
     async def scenario() -> None:
-        run = asyncio.create_task(run_stress(server.url, 30, 3, 6, 4, "m", 30.0, out, progress=False))
+        run = asyncio.create_task(
+            run_stress(
+                settings(server.url, out, sessions=30, rounds=3, concurrency=6, seed=4, timeout_s=30.0)
+            )
+        )
         jsonl = out / "sessions.jsonl"
         while not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= 3):
             await asyncio.sleep(0.05)
@@ -233,6 +270,17 @@ def test_cli_runs_and_ctrl_c_leaves_a_partial_summary(start_sim, tmp_path):
 
 
 def test_progress_display_counts(sim_server, tmp_path, capsys):
-    run_stress_sync(sim_server.url, 6, 1, 3, 0, "m", 30.0, tmp_path / "run", progress=True)
+    run_stress_sync(
+        settings(
+            sim_server.url,
+            tmp_path / "run",
+            sessions=6,
+            rounds=1,
+            concurrency=3,
+            seed=0,
+            timeout_s=30.0,
+            progress=True,
+        )
+    )
     err = capsys.readouterr().err
     assert "6/6" in err and "corrupted 0" in err and "errored 0" in err
