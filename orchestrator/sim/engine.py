@@ -179,7 +179,25 @@ class DecodeEngine:
             clock = max(clock, now - step * self.scale) + step * self.scale
             # always yield: with time scale 0 a step has no duration but other tasks must run
             await asyncio.sleep(max(0.0, clock - now))
+            await self._device_step(captured)
             self._advance(step, captured, batch)
+
+    # --- hooks for a decode engine that does real device work (orchestrator.gpu); none here -------
+
+    async def load(self, modelled_s: float) -> None:
+        """Load the weights (server start-up)."""
+        await asyncio.sleep(modelled_s)
+
+    async def capture(self, sizes: Sequence[int], modelled_s: float) -> None:
+        """Capture one decode graph per batch size (server start-up, unless --disable-cuda-graph)."""
+        await asyncio.sleep(modelled_s)
+
+    async def _device_step(self, captured: bool) -> None:
+        """The device work of one step for `self.running`, after its modelled duration."""
+
+    def describe(self) -> dict[str, Any]:
+        """This engine's block of /server_info."""
+        return {"kind": "simulated (fault model)"}
 
     def _admit(self, request: DecodeRequest, batch: int) -> None:
         request.batch_at_admission = batch

@@ -16,6 +16,7 @@ multiplied by it; default 1.0). `/server_info` has a `sim` block with the sim's 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -40,6 +41,10 @@ from orchestrator.sim.faults import FaultModel, FaultModelError, RoleConfig, loa
 log = logging.getLogger("sglang.sim.server")
 
 FAULT_MODEL_ENV = "HEISENHUNT_SIM_FAULT_MODEL"
+# "module:Class" of the decode engine (unset: the simulated one); orchestrator.gpu.engine:GpuDecodeEngine
+DECODE_ENGINE_ENV = "HEISENHUNT_DECODE_ENGINE"
+# the decode batch sizes SGLang captures graphs for (up to --cuda-graph-max-bs)
+CUDA_GRAPH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 TIME_SCALE_ENV = "HEISENHUNT_SIM_TIME_SCALE"
 SIM_VERSION = "0.5.9"  # the SGLang release whose flags and log lines the sim follows
 READY_LINE = "The server is fired up and ready to roll!"
@@ -76,6 +81,17 @@ def estimate_prompt_tokens(messages: Any, tools: Any) -> int:
     return max(1, size // 4)
 
 
+def decode_engine_class(spec: str | None) -> type[DecodeEngine]:
+    """The decode engine named by `module:Class` (a DecodeEngine subclass); None or "": the sim's."""
+    if not spec:
+        return DecodeEngine
+    module, _, name = spec.partition(":")
+    engine = getattr(importlib.import_module(module), name or "", None)
+    if not (isinstance(engine, type) and issubclass(engine, DecodeEngine)):
+        raise ValueError(f"{DECODE_ENGINE_ENV}={spec!r} does not name a DecodeEngine subclass (module:Class)")
+    return engine
+
+
 def error_body(message: str, status: int, kind: str = "BadRequestError") -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
@@ -96,7 +112,7 @@ class SimServer:
         self.ready = False
         self.stopping = False
         self.recent_rooms: deque[int] = deque(maxlen=256)
-        self.decode = DecodeEngine(
+        self.decode = decode_engine_class(environ.get(DECODE_ENGINE_ENV))(
             model, self.config, scale, self.counters, self.rng, args.decode_log_interval
         )
         self.prefill = PrefillEngine(
@@ -157,18 +173,18 @@ class SimServer:
         startup = self.model.throughput.startup_s * self.scale
         captured = self.mode != "prefill" and not self.args.disable_cuda_graph
         log.info("Load weight begin. avail mem=94.50 GB")
-        await asyncio.sleep(startup * (0.5 if captured else 1.0))
+        await self.decode.load(startup * (0.5 if captured else 1.0))
         log.info("Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=22.10 GB")
         log.info("KV Cache is allocated. #tokens: 1000000")
         if captured:
             sizes = [
                 b
-                for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+                for b in CUDA_GRAPH_SIZES
                 if b <= self.args.cuda_graph_max_bs
             ]
             log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=21.90 GB")
             t0 = time.monotonic()
-            await asyncio.sleep(startup * 0.5)
+            await self.decode.capture(sizes, startup * 0.5)
             log.info("Capture cuda graph bs %s", sizes)
             log.info(
                 "Capture cuda graph end. Time elapsed: %.2f s. mem usage=0.81 GB. avail mem=21.09 GB.",
@@ -247,6 +263,7 @@ class SimServer:
             "effective_env": dict(self.env),
             "env_warnings": list(self.env_warnings),
             "counters": self.counters.to_dict(),
+            "decode_engine": self.decode.describe(),
             "running": len(self.decode.running),
             "recent_rooms": list(self.recent_rooms),
         }
