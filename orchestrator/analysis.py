@@ -5,25 +5,39 @@ Input: the study (`StudySpec`) and one `RunRecord` per MLflow child run (built b
 renders. Nothing here reads files or MLflow, and the same input always gives the same output
 (bootstrap seeds derive from signatures and levels), so report.json can be rebuilt from MLflow alone.
 
-Pooling. Runs are grouped into arms by signature (the hash of the effective env and flags per role).
-An arm's corruption counts pool:
-- every FINISHED run that logged stress outcomes;
-- the outcomes of a KILLED, FAILED (or orphaned RUNNING) run that logged them before it ended (the
-  tracker tags them `outcomes=partial|complete`): sessions that completed have a valid verdict even
-  when the run was interrupted later. The arm is then marked partial in the report. Such a run is
-  left out when the same (signature, repetition) also has a FINISHED run (it was re-run on resume).
+Arms. An arm's identity is everything that changes what a session measures: its signature (the hash of
+the effective env and flags per role) and its `conditions` (the deployment and the workload settings:
+sessions, rounds, concurrency, ...; `RunRecord.conditions`). Runs of another workload are another arm,
+never pooled into this one; a hypothesis compares the baseline arm with the treatment arm of the same
+conditions (the baseline is the one of `analyse(conditions=...)` when given, else the one with most
+sessions).
+
+Pooling. The replicate unit is the run (one server start): each arm keeps its per-run counts. An arm
+pools the FINISHED runs whose stress outcomes are complete. A KILLED, FAILED, orphaned RUNNING run, or
+one with partial outcomes, is listed with its counts but never pooled: its outcomes are biased (a
+corrupted session ends at its first bad turn, a clean one needs every round, so an interrupted run
+holds mostly corrupted sessions). When the same (arm, repetition) has a FINISHED run too (a resume)
+the interrupted one is superseded; otherwise the arm is marked partial (a planned run is missing).
 Errored sessions are never corruption and are not trials: n = clean + corrupted.
-Throughput uses FINISHED runs only (an interrupted sweep has missing levels).
+Throughput uses FINISHED runs only.
+
+Between runs (see `stats` for the method and why): one intra-class correlation rho for the study,
+estimated from the per-run counts of every arm (`stats.dispersion`), or, when the runs cannot show it
+(one run per arm), the study's `assumed_icc`, and the report says which. Each arm's design effect
+D = 1 + (mean run size - 1) rho turns its counts into effective counts (k / D, n / D), on which every
+test, bound and interval below is computed. Arms report per-run counts, D and the effective n.
 
 Verdicts (hypothesis: baseline arm vs the arm that differs only in the hypothesis' factor):
 - implicated: significant after Holm, corruption lower, and the treatment's upper bound < ceiling;
 - partial: significant reduction, but the treatment's upper bound is not under the ceiling
   (corruption remains, or too few sessions to rule it out: the note says which);
 - exonerated: not significant, and the Newcombe interval of the difference lies within
-  (-min_effect, +min_effect);
+  (-margin, +margin), margin = min_effect x the baseline's rate (`min_effect_relative`, the default:
+  the bug's own size sets what "no effect" means) or min_effect itself. A treatment with no corruption
+  against a corrupted baseline is never exonerated, nor is anything against a baseline without any;
 - inconclusive: anything else (missing arm, too few sessions, or a significant *increase*), with the
-  sessions per arm that would decide it (`stats.sessions_needed` at alpha / number of hypotheses, the
-  strictest step of Holm, and 80% power).
+  sessions per arm that would find a difference of the margin with 80% power (`stats.sessions_needed`
+  at alpha / number of hypotheses, the strictest step of Holm, times the design effect).
 """
 
 from __future__ import annotations
@@ -59,9 +73,13 @@ class StudySpec:
     description: str = ""
     alpha: float = 0.05
     test: str = "fisher"
-    min_effect: float = 0.05
+    min_effect: float = 0.5
     ceiling: float = 0.03
     throughput_floor: float = 0.95
+    # min_effect is a fraction of the baseline's rate (True) or an absolute rate difference (False)
+    min_effect_relative: bool = True
+    # ICC of sessions within one run assumed when the runs cannot estimate it (one run per arm)
+    assumed_icc: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudySpec:
@@ -76,9 +94,11 @@ class StudySpec:
             description=str(data.get("description") or ""),
             alpha=float(data.get("alpha", 0.05)),
             test=str(data.get("test", "fisher")),
-            min_effect=float(data.get("min_effect", 0.05)),
+            min_effect=float(data.get("min_effect", 0.5)),
             ceiling=float(data.get("ceiling", 0.03)),
             throughput_floor=float(data.get("throughput_floor", 0.95)),
+            min_effect_relative=bool(data.get("min_effect_relative", True)),
+            assumed_icc=float(data.get("assumed_icc", 0.0)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +112,8 @@ class StudySpec:
             "min_effect": self.min_effect,
             "ceiling": self.ceiling,
             "throughput_floor": self.throughput_floor,
+            "min_effect_relative": self.min_effect_relative,
+            "assumed_icc": self.assumed_icc,
         }
 
 
@@ -130,6 +152,8 @@ class RunRecord:
     # role -> {"env": {NAME: value}, "flags": "...", "argv": "..."} (already redacted)
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
     facts: dict[str, float] = field(default_factory=dict)
+    # what else changes what a session measures (deployment, workload settings): part of the arm's identity
+    conditions: dict[str, str] = field(default_factory=dict)
 
 
 # --- small helpers ---------------------------------------------------------------------------------
@@ -152,51 +176,70 @@ def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "big")
 
 
-def run_used(run: RunRecord, finished_keys: set[tuple[str, int]]) -> bool:
-    """Whether a run's stress outcomes count (see the module doc)."""
-    if run.outcomes == "none":
-        return False
-    if run.status == "FINISHED":
-        return True
-    return (run.signature, run.repetition) not in finished_keys
+def identity(run: RunRecord) -> str:
+    """The arm a run belongs to: its signature, and a short hash of its conditions when it has any."""
+    if not run.conditions:
+        return run.signature
+    text = "|".join(f"{k}={v}" for k, v in sorted(run.conditions.items()))
+    return f"{run.signature}/{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def run_used(run: RunRecord) -> bool:
+    """Whether a run's stress outcomes are pooled: FINISHED with complete outcomes (see the module doc)."""
+    return run.status == "FINISHED" and run.outcomes == "complete"
 
 
 # --- arms ------------------------------------------------------------------------------------------
 
 
-def pool_arms(runs: Sequence[RunRecord], spec: StudySpec) -> list[dict[str, Any]]:
-    """One entry per signature: counts pooled over the runs that count, intervals, run list."""
-    finished_keys = {
-        (r.signature, r.repetition) for r in runs if r.status == "FINISHED" and r.outcomes != "none"
-    }
-    by_sig: dict[str, list[RunRecord]] = {}
+def pool_arms(
+    runs: Sequence[RunRecord], spec: StudySpec, between: stats.Dispersion | None = None
+) -> list[dict[str, Any]]:
+    """One entry per arm identity: per-run counts, counts pooled over the runs that count, the design
+    effect and effective counts, intervals, run list. `between` gives the study's ICC (default: the one
+    these runs estimate, `between_runs`)."""
+    by_id: dict[str, list[RunRecord]] = {}
     for run in runs:
-        by_sig.setdefault(run.signature, []).append(run)
+        by_id.setdefault(identity(run), []).append(run)
+    if between is None:
+        between = between_runs(runs, spec)
     arms = []
-    for sig, group in by_sig.items():
+    for arm_id, group in by_id.items():
         group = sorted(group, key=lambda r: (r.repetition, r.status != "FINISHED", r.run_id))
         factors = dict(sorted(group[0].factors.items()))
-        used = [r for r in group if run_used(r, finished_keys)]
-        k = sum(r.corrupted for r in used)
-        n = sum(r.corrupted + r.clean for r in used)
+        used = [r for r in group if run_used(r)]
+        run_counts = [[r.corrupted, r.corrupted + r.clean] for r in used]
+        k = sum(c[0] for c in run_counts)
+        n = sum(c[1] for c in run_counts)
         errored = sum(r.errored for r in used)
-        lo, hi = stats.clopper_pearson(k, n)
-        interrupted = [r for r in used if r.status != "FINISHED" or r.outcomes == "partial"]
+        mean_size = n / len(used) if used else 0.0
+        deff = stats.design_effect(between.icc, mean_size)
+        k_eff, n_eff = stats.effective_counts(k, n, deff)
+        lo, hi = stats.runs_interval(run_counts, between.icc)
+        used_reps = {r.repetition for r in used}
+        missing = [r for r in group if not run_used(r) and r.repetition not in used_reps]
         finished = [r for r in group if r.status == "FINISHED"]
         config_run = finished[0] if finished else group[0]
         arms.append(
             {
                 "label": arm_label(factors, spec.baseline),
-                "signature": sig,
+                "signature": arm_id,
+                "deployment_signature": group[0].signature,
+                "conditions": dict(sorted(group[0].conditions.items())),
                 "factors": factors,
                 "n": n,
                 "corrupted": k,
                 "clean": n - k,
                 "errored": errored,
                 "rate": (k / n) if n else None,
+                "run_counts": run_counts,
+                "mean_run_size": mean_size,
+                "design_effect": deff,
+                "effective_n": n_eff,
+                "effective_corrupted": k_eff,
                 "ci": [lo, hi] if n else None,
                 "upper_bound": hi if n else None,
-                "partial": bool(interrupted),
+                "partial": bool(missing),
                 "client_bound": any(r.client_bound for r in finished),
                 "runs": [
                     {
@@ -256,16 +299,63 @@ def _arm_throughput(finished: Sequence[RunRecord]) -> list[dict[str, Any]]:
     ]
 
 
+def between_runs(runs: Sequence[RunRecord], spec: StudySpec) -> stats.Dispersion:
+    """The study's between-run variation from the pooled runs' per-run counts (every arm), or the
+    study's `assumed_icc` when no arm has two runs with corruption (see the module doc)."""
+    by_id: dict[str, list[tuple[int, int]]] = {}
+    for r in runs:
+        if run_used(r):
+            by_id.setdefault(identity(r), []).append((r.corrupted, r.corrupted + r.clean))
+    found = stats.dispersion(list(by_id.values()))
+    if found.estimated:
+        return found
+    return stats.Dispersion(1.0, 0, float(getattr(spec, "assumed_icc", 0.0)), 0.0)
+
+
+def between_summary(between: stats.Dispersion) -> dict[str, Any]:
+    """report.json's account of the between-run variation and what was assumed."""
+    if between.estimated:
+        note = (
+            f"estimated from the runs: dispersion {between.phi:.2f} on {between.df} degrees of freedom, "
+            f"ICC {between.icc:.3f}"
+            + (
+                ""
+                if between.phi > 1
+                else " (no more spread between runs than chance: sessions as independent)"
+            )
+        )
+    else:
+        note = (
+            "between-run variation cannot be estimated (no arm has two runs with corruption); "
+            f"assumed ICC {between.icc:g} (study.assumed_icc)"
+            + (": sessions treated as independent" if between.icc == 0 else "")
+        )
+    return {
+        "method": "beta-binomial, one ICC per study; Rao-Scott effective counts into the exact tests",
+        "estimated": between.estimated,
+        "dispersion": clean_float(between.phi),
+        "df": between.df,
+        "icc": between.icc,
+        "mean_run_size": clean_float(between.mean_run_size),
+        "note": note,
+    }
+
+
 def find_arm(
-    arms: Sequence[dict[str, Any]], levels: Mapping[str, str], like: Mapping[str, str] | None = None
+    arms: Sequence[dict[str, Any]],
+    levels: Mapping[str, str],
+    like: Mapping[str, str] | None = None,
+    conditions: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The arm whose factors match `levels` (on levels' keys) and, for factors outside `levels`, equal
-    `like`'s; among several (e.g. a changed deployment), the one with most sessions."""
+    `like`'s, run under `conditions` when given (the same deployment and workload); among several,
+    the one with most sessions."""
     found = [
         a
         for a in arms
         if all(a["factors"].get(k) == v for k, v in levels.items())
         and all(a["factors"].get(k) == v for k, v in (like or {}).items() if k not in levels)
+        and (conditions is None or a["conditions"] == dict(conditions))
     ]
     found.sort(key=lambda a: (-a["n"], a["signature"]))
     return found[0] if found else None
@@ -274,10 +364,27 @@ def find_arm(
 # --- hypotheses ------------------------------------------------------------------------------------
 
 
+def margin(spec: StudySpec, p_base: float) -> float:
+    """The smallest difference worth acting on: min_effect x the baseline rate (relative, the default)
+    or min_effect itself."""
+    return spec.min_effect * p_base if getattr(spec, "min_effect_relative", True) else spec.min_effect
+
+
 def judge(
-    k_base: int, n_base: int, k_treat: int, n_treat: int, p_holm: float, spec: StudySpec, family_size: int
+    k_base: int,
+    n_base: int,
+    k_treat: int,
+    n_treat: int,
+    p_holm: float,
+    spec: StudySpec,
+    family_size: int,
+    deff: tuple[float, float] = (1.0, 1.0),
+    treat_upper: float | None = None,
 ) -> dict[str, Any]:
-    """The verdict of one comparison, given its Holm-adjusted p (see the module doc)."""
+    """The verdict of one comparison, given its Holm-adjusted p (see the module doc). Counts are the
+    arms' pooled sessions; `deff` their design effects (baseline, treatment), the interval of the
+    difference is computed on the effective counts; `treat_upper` is the treatment arm's upper bound
+    (`stats.runs_interval`; default: Clopper-Pearson of the effective counts)."""
     out: dict[str, Any] = {
         "verdict": "inconclusive",
         "note": "",
@@ -289,24 +396,28 @@ def judge(
             "no sessions with an outcome in the " + ("baseline" if n_base == 0 else "treatment") + " arm"
         )
         return out
+    kb_e, nb_e = stats.effective_counts(k_base, n_base, deff[0])
+    kt_e, nt_e = stats.effective_counts(k_treat, n_treat, deff[1])
+    eff = "" if deff == (1.0, 1.0) else f" ({kt_e}/{nt_e} effective)"
     p_b, p_t = k_base / n_base, k_treat / n_treat
-    lo, hi = stats.newcombe_diff(k_treat, n_treat, k_base, n_base)
+    lo, hi = stats.newcombe_diff(kt_e, nt_e, kb_e, nb_e)
     significant = p_holm < spec.alpha
     if significant and p_t < p_b:
-        upper = stats.upper_bound(k_treat, n_treat)
+        upper = stats.upper_bound(kt_e, nt_e) if treat_upper is None else treat_upper
         if upper < spec.ceiling:
             out["verdict"] = "implicated"
             out["note"] = (
-                f"corruption gone: {k_treat}/{n_treat}, upper bound {upper:.2%} < ceiling {spec.ceiling:.0%}"
+                f"corruption gone: {k_treat}/{n_treat}{eff}, upper bound {upper:.2%} "
+                f"< ceiling {spec.ceiling:.0%}"
             )
         else:
             out["verdict"] = "partial"
             if k_treat:
                 out["note"] = f"significant reduction, but corruption remains: {k_treat}/{n_treat}"
             else:
-                need = stats.sessions_for_ceiling(spec.ceiling)
+                need = math.ceil(stats.sessions_for_ceiling(spec.ceiling) * deff[1] - 1e-9)
                 out["note"] = (
-                    f"significant reduction, none seen, but the upper bound {upper:.2%} is not under "
+                    f"significant reduction, none seen{eff}, but the upper bound {upper:.2%} is not under "
                     f"the ceiling {spec.ceiling:.0%}: {need} treatment sessions would settle it"
                 )
                 out["sessions_needed_per_arm"] = need
@@ -315,30 +426,48 @@ def judge(
     if significant:
         out["note"] = f"corruption rose with the change ({k_base}/{n_base} -> {k_treat}/{n_treat})"
         return out
-    if -spec.min_effect < lo and hi < spec.min_effect:
-        out["verdict"] = "exonerated"
-        out["note"] = f"difference within ±{spec.min_effect:.0%} ({lo:+.2%} to {hi:+.2%})"
+    if k_base == 0:
+        out["note"] = f"the baseline arm shows no corruption (0/{n_base}): there is nothing to explain"
         return out
-    need = stats.sessions_needed(p_b, spec.min_effect, spec.alpha / max(1, family_size), POWER)
+    m = margin(spec, p_b)
+    if k_treat == 0:
+        why = f"no corruption with the change (0/{n_treat}) but not significant: never exonerated"
+    elif -m < lo and hi < m:
+        out["verdict"] = "exonerated"
+        out["note"] = f"difference within ±{m:.1%} ({lo:+.2%} to {hi:+.2%})"
+        return out
+    else:
+        why = f"not decided: difference {lo:+.2%} to {hi:+.2%} includes ±{m:.1%}"
+    need = stats.sessions_needed(p_b, m, spec.alpha / max(1, family_size), POWER, max(deff))
     out["sessions_needed_per_arm"] = need
     out["more_sessions"] = {"baseline": max(0, need - n_base), "treatment": max(0, need - n_treat)}
     out["note"] = (
-        f"not decided: difference {lo:+.2%} to {hi:+.2%} includes ±{spec.min_effect:.0%}; "
-        f"{need} sessions per arm would decide it at the baseline rate {p_b:.1%}"
+        f"{why}; {need} sessions per arm would find a difference of {m:.1%} at the baseline rate {p_b:.1%}"
     )
     return out
 
 
-def hypotheses(arms: Sequence[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
-    base_arm = find_arm(arms, spec.baseline)
+def hypotheses(
+    arms: Sequence[dict[str, Any]], spec: StudySpec, conditions: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per hypothesis: the two arms, their counts and effective counts, p, Holm, the verdict."""
+    base_arm = find_arm(arms, spec.baseline, conditions=conditions)
     rows = []
     for h in spec.hypotheses:
         treat_levels = {**spec.baseline, h.factor: h.treatment}
-        treat = find_arm(arms, treat_levels, like=base_arm["factors"] if base_arm else None)
-        kb, nb = (base_arm["corrupted"], base_arm["n"]) if base_arm else (0, 0)
-        kt, nt = (treat["corrupted"], treat["n"]) if treat else (0, 0)
-        p = stats.compare(kb, nb, kt, nt, spec.test)
-        diff_ci = stats.newcombe_diff(kt, nt, kb, nb) if nb and nt else None
+        treat = (
+            find_arm(arms, treat_levels, like=base_arm["factors"], conditions=base_arm["conditions"])
+            if base_arm
+            else None
+        )
+        kb, nb, db = (
+            (base_arm["corrupted"], base_arm["n"], base_arm["design_effect"]) if base_arm else (0, 0, 1.0)
+        )
+        kt, nt, dt = (treat["corrupted"], treat["n"], treat["design_effect"]) if treat else (0, 0, 1.0)
+        kb_e, nb_e = stats.effective_counts(kb, nb, db)
+        kt_e, nt_e = stats.effective_counts(kt, nt, dt)
+        p = stats.compare(kb_e, nb_e, kt_e, nt_e, spec.test)
+        diff_ci = stats.newcombe_diff(kt_e, nt_e, kb_e, nb_e) if nb and nt else None
         rows.append(
             {
                 "id": h.id,
@@ -351,6 +480,11 @@ def hypotheses(arms: Sequence[dict[str, Any]], spec: StudySpec) -> list[dict[str
                 "treatment_label": treat["label"] if treat else f"{h.factor}={h.treatment}",
                 "baseline_counts": [kb, nb],
                 "treatment_counts": [kt, nt],
+                "baseline_runs": base_arm["run_counts"] if base_arm else [],
+                "treatment_runs": treat["run_counts"] if treat else [],
+                "design_effect": [db, dt],
+                "effective_counts": [[kb_e, nb_e], [kt_e, nt_e]],
+                "margin": margin(spec, kb / nb) if nb else None,
                 "diff": (kt / nt - kb / nb) if nb and nt else None,
                 "diff_ci": list(diff_ci) if diff_ci else None,
                 "p": p,
@@ -362,7 +496,8 @@ def hypotheses(arms: Sequence[dict[str, Any]], spec: StudySpec) -> list[dict[str
         row["p_holm"] = p_holm
         kb, nb = row["baseline_counts"]
         kt, nt = row["treatment_counts"]
-        row.update(judge(kb, nb, kt, nt, p_holm, spec, len(rows)))
+        upper = next((a["upper_bound"] for a in arms if a["signature"] == row["treatment_arm"]), None)
+        row.update(judge(kb, nb, kt, nt, p_holm, spec, len(rows), tuple(row["design_effect"]), upper))
         if row["treatment_arm"] is None:
             row["note"] = f"no arm with {row['treatment_label']} and every other factor at baseline was run"
     return rows
@@ -376,22 +511,27 @@ def _samples(runs: Sequence[RunRecord], concurrency: int) -> list[LevelSample]:
 
 
 def throughput(
-    runs: Sequence[RunRecord], arms: Sequence[dict[str, Any]], spec: StudySpec
+    runs: Sequence[RunRecord],
+    arms: Sequence[dict[str, Any]],
+    spec: StudySpec,
+    conditions: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Each non-baseline arm's tok/s ratio to the baseline arm per level, with a bootstrap interval and
     a throughput verdict: no regression only when every level's lower bound clears the floor and
     neither arm's client self-audit warned."""
-    base = find_arm(arms, spec.baseline)
+    base = find_arm(arms, spec.baseline, conditions=conditions)
     if base is None:
         return []
     by_sig: dict[str, list[RunRecord]] = {}
     for r in runs:
-        by_sig.setdefault(r.signature, []).append(r)
+        by_sig.setdefault(identity(r), []).append(r)
     base_levels = {lv["concurrency"] for lv in base["throughput"]}
     rows = []
     for arm in arms:
         if arm["signature"] == base["signature"] or not arm["throughput"]:
             continue
+        if arm["conditions"] != base["conditions"]:
+            continue  # another deployment or workload: not comparable
         levels = []
         for c in sorted(base_levels & {lv["concurrency"] for lv in arm["throughput"]}):
             t, b = _samples(by_sig[arm["signature"]], c), _samples(by_sig[base["signature"]], c)
@@ -480,8 +620,9 @@ def headline(
     arms: Sequence[dict[str, Any]],
     hyps: Sequence[dict[str, Any]],
     deploy: dict[str, Any] | None,
+    conditions: Mapping[str, str] | None = None,
 ) -> str:
-    base = find_arm(arms, spec.baseline)
+    base = find_arm(arms, spec.baseline, conditions=conditions)
     if base is None or not base["n"]:
         return "No verdict: the baseline arm has no sessions with an outcome."
     base_txt = f"baseline corruption {base['corrupted']}/{base['n']} ({base['rate']:.1%})"
@@ -500,16 +641,22 @@ def headline(
 
 
 def analyse(
-    spec: StudySpec, runs: Sequence[RunRecord], context: Mapping[str, Any] | None = None
+    spec: StudySpec,
+    runs: Sequence[RunRecord],
+    context: Mapping[str, Any] | None = None,
+    conditions: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """report.json's content. `context` carries what the report quotes verbatim (parent run id,
-    overrides); it must itself be deterministic."""
+    overrides); it must itself be deterministic. `conditions`: today's deployment and workload, which
+    choose the baseline arm when runs of several are given (default: the baseline with most sessions)."""
     runs = sorted(runs, key=lambda r: (r.signature, r.repetition, r.run_id))
-    arms = pool_arms(runs, spec)
-    hyps = hypotheses(arms, spec)
-    tput = throughput(runs, arms, spec)
+    between = between_runs(runs, spec)
+    arms = pool_arms(runs, spec, between)
+    hyps = hypotheses(arms, spec, conditions)
+    tput = throughput(runs, arms, spec, conditions)
     deploy = choose_deploy(arms, hyps, tput)
-    # failed, interrupted, or with errored sessions (a server that died mid-workload): listed with why
+    # failed, interrupted, or with errored sessions (a server that died mid-workload): listed with why,
+    # with their counts; only FINISHED runs with complete outcomes are pooled (`used`)
     problems = [
         {"arm": a["label"], "signature": a["signature"], **r}
         for a in arms
@@ -519,14 +666,20 @@ def analyse(
     for p in problems:
         if not p["reason"] and p["errored"]:
             p["reason"] = f"{p['errored']} sessions errored (not counted as corruption, not in n)"
+        if not p["used"] and p["outcomes"] != "none":
+            p["reason"] = (p["reason"] + "; " if p["reason"] else "") + (
+                f"outcomes not pooled ({p['corrupted']} corrupted, {p['clean']} clean): "
+                "an interrupted run over-represents corrupted sessions"
+            )
     for arm in arms:
         arm["rate"], arm["upper_bound"] = clean_float(arm["rate"]), clean_float(arm["upper_bound"])
     return {
         "schema": 1,
         "study": spec.to_dict(),
         "context": dict(context or {}),
-        "headline": headline(spec, arms, hyps, deploy),
+        "headline": headline(spec, arms, hyps, deploy, conditions),
         "confidence": stats.CONFIDENCE,
+        "between_runs": between_summary(between),
         "arms": arms,
         "hypotheses": hyps,
         "throughput": tput,

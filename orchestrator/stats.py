@@ -16,18 +16,47 @@ Methods, and why each one:
   with the given power, when the baseline rate is the observed one and the treatment differs by the
   study's minimum effect (a reduction when the baseline rate allows one, else an increase). Formula:
   Fleiss, Tytun & Ury (1980), the normal approximation with continuity correction, which tracks
-  the power of Fisher's exact test closely. At that size, if the true difference is zero, the interval
-  of the difference is narrower than the minimum effect, so the comparison is decided either way.
+  the power of Fisher's exact test closely (checked by simulation in tests/test_stats.py), multiplied
+  by the design effect when runs are correlated (below). What it promises is power against that
+  difference, nothing more: when there is no difference, that many sessions do not by themselves make
+  the interval of the difference narrower than the minimum effect (exoneration), which can need more.
+
+Between runs (the replicate unit is the run, one server start; see docs/fault-model.md): a
+heisenbug's rate moves from one start to the next, so the sessions of one run are correlated
+(intra-class correlation rho) and a run of m sessions carries the information of m / D independent
+ones, D = 1 + (m - 1) rho (the design effect). Method, and why:
+- **Model**: beta-binomial, one rho shared by every arm of a study (the variation belongs to the
+  deployment's restart, not to one arm; with a few runs per arm, a per-arm rho would rest on 2 degrees
+  of freedom). `dispersion` estimates it from the per-run counts of every arm with two or more runs
+  and some corruption, by the pooled Pearson dispersion phi = X^2 / df over runs within arms (a
+  moment estimator that needs no iteration and is unbiased for D under the beta-binomial; arms with
+  no corruption carry no information about it), rho = (phi - 1) / (m - 1), clipped at 0.
+- **Comparison**: the Rao-Scott (1992) adjustment: every count of an arm is divided by that arm's D
+  (`effective_counts`), then the exact methods above run on the effective counts (Fisher, Holm,
+  Newcombe). With D = 1 (no between-run variation seen) they are the exact independent-session
+  methods (the exact fallback). phi is a plug-in estimate with few degrees of freedom, so the test is
+  only approximately valid; its family-wise error, measured by `python -m orchestrator.rehearse` on
+  the dsv4 design (3% and 15%, rho 0 to 0.1), stays under alpha (Fisher's conservatism and Holm absorb
+  the estimate's noise there); other designs can be rehearsed the same way.
+- **Rate of an arm** (and so the ceiling of "implicated"): `runs_interval`, the Clopper-Pearson
+  construction on the beta-binomial model itself (the sum over runs of beta-binomial counts with that
+  rho), not on effective counts: a clean arm's bound is a tail probability (all of its runs clean),
+  which dividing n by D would overstate. With rho = 0 it is Clopper-Pearson exactly.
+- **One run per arm** (or no arm with two runs and corruption): between-run variation cannot be
+  estimated from the data. The analysis then assumes the study's `assumed_icc` (default 0:
+  sessions independent) and says so in the report.
 - **Throughput ratio**: see `bootstrap_ratio_requests` / `bootstrap_ratio_runs`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import optimize, special
 from scipy import stats as sps
 
 CONFIDENCE = 0.95
@@ -76,6 +105,7 @@ def newcombe_diff(k1: int, n1: int, k2: int, n2: int, confidence: float = CONFID
     return max(-1.0, lo), min(1.0, hi)
 
 
+@functools.lru_cache(maxsize=65536)  # pure; rehearsals meet the same tables many times
 def compare(k_base: int, n_base: int, k_treat: int, n_treat: int, test: str = "fisher") -> float:
     """Two-sided p-value for "baseline and treatment have the same corruption rate"; 1.0 without data."""
     if test not in TESTS:
@@ -108,10 +138,14 @@ def target_rate(p_base: float, min_effect: float) -> float:
     return p_base - min_effect if p_base - min_effect >= 0 else min(1.0, p_base + min_effect)
 
 
-def sessions_needed(p_base: float, min_effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Sessions per arm for a two-sided test to detect `min_effect` at baseline rate `p_base`.
+def sessions_needed(
+    p_base: float, min_effect: float, alpha: float = 0.05, power: float = 0.8, design_effect: float = 1.0
+) -> int:
+    """Sessions per arm for a two-sided test at level `alpha` to find a difference of `min_effect` from
+    the baseline rate `p_base` with probability `power` (and no more than that: see the module doc).
 
-    Fleiss-Tytun-Ury continuity-corrected sample size for two independent proportions (see module doc)."""
+    Fleiss-Tytun-Ury continuity-corrected sample size for two independent proportions, times the
+    design effect of runs of the size the arm will be run in (1: independent sessions)."""
     if not 0 < min_effect < 1:
         raise ValueError(f"min_effect={min_effect} must be within (0, 1)")
     p1 = min(max(p_base, 0.0), 1.0)
@@ -123,7 +157,7 @@ def sessions_needed(p_base: float, min_effect: float, alpha: float = 0.05, power
     n0 = (z_a * math.sqrt(2 * pbar * (1 - pbar)) + z_b * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))) ** 2
     n0 /= delta**2
     n = n0 / 4 * (1 + math.sqrt(1 + 4 / (n0 * delta))) ** 2
-    return math.ceil(n - 1e-9)
+    return math.ceil(n * max(1.0, design_effect) - 1e-9)
 
 
 def sessions_for_ceiling(ceiling: float, confidence: float = CONFIDENCE) -> int:
@@ -131,6 +165,103 @@ def sessions_for_ceiling(ceiling: float, confidence: float = CONFIDENCE) -> int:
     # CP upper bound at k=0 is 1 - (tail)^(1/n); solve 1 - tail^(1/n) < ceiling for n
     tail = (1 - confidence) / 2
     return math.floor(math.log(tail) / math.log(1 - ceiling)) + 1
+
+
+# --- between runs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dispersion:
+    """Between-run variation of a study, estimated from per-run counts (see the module doc)."""
+
+    phi: float  # pooled Pearson dispersion X^2 / df (1: no more spread than binomial)
+    df: int  # degrees of freedom behind it: sum over contributing arms of (runs - 1)
+    icc: float  # rho = (phi - 1) / (mean run size - 1), clipped at 0
+    mean_run_size: float  # mean sessions per run over the contributing runs
+
+    @property
+    def estimated(self) -> bool:
+        return self.df > 0
+
+
+def dispersion(arms: Sequence[Sequence[tuple[int, int]]]) -> Dispersion:
+    """Pooled Pearson dispersion over the runs (k corrupted of n) within each arm. Arms with fewer than
+    two runs with sessions, or with no corruption (or all), carry no information and are skipped."""
+    x2, df, sizes = 0.0, 0, []
+    for runs in arms:
+        runs = [(k, n) for k, n in runs if n > 0]
+        k_all, n_all = sum(k for k, _ in runs), sum(n for _, n in runs)
+        if len(runs) < 2 or k_all == 0 or k_all == n_all:
+            continue
+        p = k_all / n_all
+        x2 += sum((k - n * p) ** 2 / (n * p * (1 - p)) for k, n in runs)
+        df += len(runs) - 1
+        sizes += [n for _, n in runs]
+    if df == 0:
+        return Dispersion(1.0, 0, 0.0, 0.0)
+    phi = x2 / df
+    m = sum(sizes) / len(sizes)
+    icc = max(0.0, (phi - 1) / (m - 1)) if m > 1 else 0.0
+    return Dispersion(phi, df, min(1.0, icc), m)
+
+
+def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:
+    """P(total corrupted <= k) over runs of these sizes, each beta-binomial with mean q and ICC icc."""
+    scale = (1 - icc) / icc
+    a, b = q * scale, (1 - q) * scale
+    total = np.array([1.0])
+    for n in sizes:
+        x = np.arange(min(k, n) + 1)
+        log_pmf = (
+            special.gammaln(n + 1)
+            - special.gammaln(x + 1)
+            - special.gammaln(n - x + 1)
+            + special.betaln(x + a, n - x + b)
+            - special.betaln(a, b)
+        )
+        total = np.convolve(total, np.exp(log_pmf))[: k + 1]
+    return float(min(1.0, total.sum()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _runs_bound(k: int, sizes: tuple[int, ...], icc: float, tail: float, upper: bool) -> float:
+    if upper:  # the rate at which seeing k or fewer is as unlikely as `tail`
+        return float(
+            optimize.brentq(lambda q: _runs_cdf(k, sizes, q, icc) - tail, 1e-12, 1 - 1e-12, xtol=1e-7)
+        )
+    return float(
+        optimize.brentq(lambda q: 1 - _runs_cdf(k - 1, sizes, q, icc) - tail, 1e-12, 1 - 1e-12, xtol=1e-7)
+    )
+
+
+def runs_interval(
+    run_counts: Sequence[Sequence[int]], icc: float, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """Exact interval of an arm's mean rate from its runs ([corrupted, sessions] each) when sessions of
+    a run have intra-class correlation `icc` (beta-binomial); Clopper-Pearson when icc is 0."""
+    k = sum(int(c[0]) for c in run_counts)
+    n = sum(int(c[1]) for c in run_counts)
+    icc = round(max(0.0, min(icc, 0.999)), 4)  # 4 decimals: more than any estimate supports
+    if icc == 0 or n <= 0:
+        return clopper_pearson(k, n, confidence)
+    sizes = tuple(sorted(int(c[1]) for c in run_counts if c[1] > 0))
+    tail = (1 - confidence) / 2
+    lo = 0.0 if k == 0 else _runs_bound(k, sizes, icc, tail, upper=False)
+    hi = 1.0 if k == n else _runs_bound(k, sizes, icc, tail, upper=True)
+    return lo, hi
+
+
+def design_effect(icc: float, mean_run_size: float) -> float:
+    """D = 1 + (m - 1) rho: how many sessions of runs of size m are worth one independent session."""
+    return 1.0 + max(0.0, mean_run_size - 1) * max(0.0, icc)
+
+
+def effective_counts(k: int, n: int, deff: float) -> tuple[int, int]:
+    """The Rao-Scott effective counts (k / D, n / D), rounded; an arm with sessions keeps at least one."""
+    if n <= 0 or deff <= 1.0:
+        return k, n
+    n_eff = max(1, round(n / deff))
+    return min(n_eff, round(k / deff)), n_eff
 
 
 # --- throughput ------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ HYPS = (
     HypothesisSpec("H-hicache", "hicache", "needs HiCache", "on", "off"),
 )
 SPEC = StudySpec(
-    name="t", baseline=BASE, hypotheses=HYPS, alpha=0.05, min_effect=0.05, ceiling=0.03, throughput_floor=0.95
+    name="t", baseline=BASE, hypotheses=HYPS, alpha=0.05, min_effect=0.5, ceiling=0.03, throughput_floor=0.95
 )
 DELTAS = {
     "baseline": {},
@@ -92,14 +92,15 @@ def hyp(report: dict, hid: str) -> dict:
     return next(h for h in report["hypotheses"] if h["id"] == hid)
 
 
-def test_pooling_by_signature_excludes_errored_and_superseded_runs():
+def test_pooling_keeps_per_run_counts_and_never_pools_interrupted_runs():
     runs = [
         run({}, 9, 49, rep=0, errored=2),
         run({}, 8, 52, rep=1),
         # interrupted, then re-run on resume: the FINISHED run replaces it
         run({}, 5, 10, rep=2, status="KILLED", outcomes="partial"),
         run({}, 10, 50, rep=2),
-        # interrupted with outcomes, never re-run: counted, the arm is partial
+        # interrupted with outcomes, never re-run: listed, not pooled (biased towards corrupted
+        # sessions); the arm is partial
         run({"multi_stream": "off"}, 0, 30, rep=0, status="KILLED", outcomes="partial", reason="interrupted"),
         run({"multi_stream": "off"}, 0, 60, rep=1),
         # failed before any session: nothing to count
@@ -108,11 +109,14 @@ def test_pooling_by_signature_excludes_errored_and_superseded_runs():
     arms = {a["label"]: a for a in pool_arms(runs, SPEC)}
     base = arms["baseline"]
     assert (base["corrupted"], base["n"], base["errored"]) == (27, 27 + 151, 2)
+    assert base["run_counts"] == [[9, 58], [8, 60], [10, 60]]
     assert base["partial"] is False
     assert [r["used"] for r in base["runs"]] == [True, True, True, False]
+    # these runs vary less than binomial: no between-run variation, the exact interval of the sessions
+    assert base["design_effect"] == 1.0 and base["effective_n"] == 178
     assert base["ci"] == pytest.approx(stats.clopper_pearson(27, 178))
     off = arms["multi_stream=off"]
-    assert (off["corrupted"], off["n"], off["partial"]) == (0, 90, True)
+    assert (off["corrupted"], off["n"], off["partial"]) == (0, 60, True)
     eager = arms["capture=eager"]
     assert (eager["n"], eager["rate"], eager["ci"]) == (0, None, None)
     assert eager["runs"][0]["reason"] == "health timeout"
@@ -126,6 +130,8 @@ def test_pooling_by_signature_excludes_errored_and_superseded_runs():
     }
     assert "2 sessions errored" in problems["baseline", 0, "FINISHED"]["reason"]
     assert problems["baseline", 2, "KILLED"]["used"] is False
+    killed = problems["multi_stream=off", 0, "KILLED"]
+    assert killed["used"] is False and killed["clean"] == 30 and "not pooled" in killed["reason"]
 
 
 def test_treatment_is_the_arm_that_differs_only_in_that_factor():
@@ -202,8 +208,11 @@ def test_throughput_falls_back_to_per_run_tok_s():
         ((27, 180, 6, 180), 1e-3, "partial", "corruption remains: 6/180"),
         # none seen, but 60 sessions cannot bound the rate under 3%
         ((27, 180, 0, 60), 1e-3, "partial", "122 treatment sessions"),
-        ((150, 1000, 152, 1000), 0.9, "exonerated", "within"),
-        ((9, 60, 7, 60), 0.8, "inconclusive", "sessions per arm would decide"),
+        ((150, 1000, 152, 1000), 0.9, "exonerated", "within ±7.5%"),
+        ((9, 60, 7, 60), 0.8, "inconclusive", "sessions per arm would find a difference of 7.5%"),
+        # no corruption with the change is never "no effect", however few the sessions
+        ((2, 60, 0, 60), 0.5, "inconclusive", "never exonerated"),
+        ((0, 600, 0, 600), 1.0, "inconclusive", "nothing to explain"),
         ((5, 180, 30, 180), 1e-5, "inconclusive", "rose"),
         ((0, 0, 3, 60), 1.0, "inconclusive", "baseline arm"),
     ],
@@ -216,9 +225,22 @@ def test_judge(counts, p_holm, verdict, text):
 
 def test_inconclusive_reports_sessions_needed_at_the_baseline_rate():
     out = judge(9, 60, 7, 60, 0.8, SPEC, family_size=4)
-    need = stats.sessions_needed(9 / 60, SPEC.min_effect, SPEC.alpha / 4, 0.8)
+    need = stats.sessions_needed(9 / 60, SPEC.min_effect * 9 / 60, SPEC.alpha / 4, 0.8)
     assert out["sessions_needed_per_arm"] == need
     assert out["more_sessions"] == {"baseline": need - 60, "treatment": need - 60}
+    # correlated runs: the same counts need more sessions, and the bound is wider
+    wide = judge(9, 60, 7, 60, 0.8, SPEC, family_size=4, deff=(2.0, 2.0))
+    assert wide["sessions_needed_per_arm"] == stats.sessions_needed(0.15, 0.075, SPEC.alpha / 4, 0.8, 2.0)
+    assert wide["sessions_needed_per_arm"] >= 2 * need - 1
+
+
+def test_exoneration_is_relative_to_the_bug():
+    """A true cause of a 2-3% bug: an absolute 5-point margin exonerated it; half the baseline's rate
+    does not, while a 15% bug with a truly unchanged rate can be exonerated with enough sessions."""
+    absolute = StudySpec(name="a", baseline=BASE, hypotheses=HYPS, min_effect=0.05, min_effect_relative=False)
+    assert judge(4, 180, 2, 180, 0.7, absolute, 4)["verdict"] == "exonerated"
+    assert judge(4, 180, 2, 180, 0.7, SPEC, 4)["verdict"] == "inconclusive"
+    assert judge(600, 4000, 610, 4000, 0.8, SPEC, 4)["verdict"] == "exonerated"
 
 
 def test_analysis_is_deterministic_and_order_free():
