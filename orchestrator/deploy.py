@@ -20,12 +20,10 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
-
-from orchestrator.config import ROLES
-from orchestrator.factors import ArmPlan, RolePlan
+from orchestrator.plan import ArmPlan, RolePlan
 from orchestrator.redact import redact_text
 from orchestrator.remote.base import Transport
+from orchestrator.schema import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +63,6 @@ def role_paths(work_dir: str, role: str, run_label: str) -> Paths:
 class Deployment:
     """The hosts of one arm and what was started on them."""
 
-    cfg: DictConfig
     plan: ArmPlan
     transports: Mapping[str, Transport]
     run_label: str
@@ -74,7 +71,7 @@ class Deployment:
     on_event: Callable[[str], None] = lambda message: None
 
     def paths(self, role: str) -> Paths:
-        return role_paths(str(self.cfg.cluster.hosts[role].work_dir), role, self.run_label)
+        return role_paths(self.plan.roles[role].host.work_dir, role, self.run_label)
 
     # --- stopping ----------------------------------------------------------------------------------
 
@@ -90,11 +87,9 @@ class Deployment:
         started_at = lines[1].strip() if len(lines) > 1 else ""
         if pid and transport.group_alive(pid) and self._is_ours(role, pid, started_at):
             self.on_event(f"stopping {role} (pgid {pid})")
-            killed = transport.stop_group(pid, grace_s=float(self.cfg.deployment.stop_grace_s))
+            killed = transport.stop_group(pid, grace_s=self.plan.stop_grace_s)
             if killed:
-                log.warning(
-                    "%s did not stop within %ss of SIGTERM; killed", role, self.cfg.deployment.stop_grace_s
-                )
+                log.warning("%s did not stop within %ss of SIGTERM; killed", role, self.plan.stop_grace_s)
         transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
         self.started.pop(role, None)
 
@@ -130,10 +125,8 @@ class Deployment:
 
     def check_ports_free(self) -> None:
         for role in ROLES:
-            host = self.cfg.cluster.hosts[role]
-            extra = {"prefill": host.get("bootstrap_port"), "router": host.get("metrics_port")}.get(role)
-            ports = [int(host.port)] + ([int(extra)] if extra is not None else [])
-            for port in ports:
+            host = self.plan.roles[role].host
+            for port in host.ports().values():
                 if self.transports[role].port_listening(port):
                     raise DeployError(
                         role,
@@ -146,12 +139,11 @@ class Deployment:
         plan: RolePlan = self.plan.roles[role]
         transport = self.transports[role]
         paths = self.paths(role)
-        launch = self.cfg.deployment.roles[role]
         self.on_event(f"starting {role}")
         t0 = time.monotonic()
         pid = transport.start_detached(plan.argv, plan.env, paths.log, paths.pid)
         self.started[role] = pid
-        self.wait_healthy(role, pid, plan.health_url or "", float(launch.startup_timeout_s))
+        self.wait_healthy(role, pid, plan.health_url, plan.startup_timeout_s)
         self.startup_s[role] = time.monotonic() - t0
         self.on_event(f"{role} healthy after {self.startup_s[role]:.1f}s")
 
@@ -173,12 +165,12 @@ class Deployment:
 
     def log_tail(self, role: str) -> str:
         text = self.transports[role].read_text_tail(self.paths(role).log, LOG_TAIL_BYTES)
-        return redact_text(text, self.plan.roles[role].env)
+        return redact_text(text, self.plan.roles[role].secrets)
 
     def warm_up(self) -> None:
         """One chat request end to end through the router."""
         payload = {
-            "model": str(self.cfg.deployment.served_model),
+            "model": self.plan.served_model,
             "messages": [{"role": "user", "content": "warm-up: reply with one word"}],
             "max_tokens": 8,
         }
@@ -211,7 +203,7 @@ class Deployment:
         self.check_ports_free()
         for role in START_ORDER:
             self.start_role(role)
-        if self.cfg.deployment.warmup:
+        if self.plan.warmup:
             self.warm_up()
 
 

@@ -20,7 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from orchestrator.plan import ArmPlan, config_key
+from orchestrator.redact import redact_text
 from orchestrator.remote.base import Transport, TransportError
+from orchestrator.schema import SERVER_ROLES
 
 log = logging.getLogger(__name__)
 
@@ -303,38 +306,59 @@ def host_provenance(
 # --- the arm, checked on its hosts before any restart -----------------------------------------------------
 
 
-def check_arm_on_hosts(cfg: Any, plan: Any, transports: Mapping[str, Transport]) -> None:
+def check_arm_on_hosts(plan: ArmPlan, transports: Mapping[str, Transport]) -> None:
     """Each server host checks the arm's flags with its own parser (the host's sglang, or the
     deployment's `flag_parser`) and runs the deployment's `preflight_module` with the role's env.
-    Raises PreflightError naming the role and what was refused; touches no running server."""
-    from orchestrator.redact import redact_text
-
-    for role in ("prefill", "decode"):
-        host, launch, role_plan = cfg.cluster.hosts[role], cfg.deployment.roles[role], plan.roles[role]
-        t, python = transports[role], str(host.python)
-        kwargs = {"parser": str(launch.flag_parser)} if launch.get("flag_parser") else {}
+    Raises PreflightError naming the role, what was refused and the config key that set it; touches no
+    running server."""
+    for role in SERVER_ROLES:
+        role_plan = plan.roles[role]
+        t, python = transports[role], role_plan.host.python
+        kwargs = {"parser": role_plan.flag_parser} if role_plan.flag_parser else {}
         try:
             validate_sglang_flags(t, python, role_plan.argv, env=role_plan.env, **kwargs)
         except FlagError as e:
-            where = flag_origin(cfg, role, e.flag) if e.flag else None
+            origin = role_plan.origin_of("flag", e.flag) if e.flag else None
+            where = config_key(origin, role, "flags") if origin else None
             raise PreflightError(f"{role}: {e}" + (f" (set by {where})" if where else "")) from e
-        module = launch.get("preflight_module")
+        module = role_plan.preflight_module
         if module:
-            check = t.run([python, "-m", str(module)], env=role_plan.env, timeout=120.0, check=False)
+            check = t.run([python, "-m", module], env=role_plan.env, timeout=120.0, check=False)
             if check.returncode != 0:
-                output = redact_text((check.stderr or check.stdout).strip(), role_plan.env)
+                output = redact_text((check.stderr or check.stdout).strip(), role_plan.secrets)
                 raise PreflightError(
                     f"{role}: `python -m {module}` on {t.host} refused the arm "
                     f"(exit {check.returncode}): {output[-3000:]}"
                 )
 
 
-def flag_origin(cfg: Any, role: str, flag: str) -> str | None:
-    """The config key that put `flag` on `role`'s command line: the deployment or a factor level."""
-    for name, node in sorted((cfg.get("factor") or {}).items()):
-        flags = ((node.get("roles") or {}).get(role) or {}).get("flags") or {}
-        if flag in flags:
-            return f"factor.{name} (level {node.level}).roles.{role}.flags"
-    if flag in (cfg.deployment.roles[role].get("flags") or {}):
-        return f"deployment.roles.{role}.flags"
-    return None
+def check_sweep_on_hosts(planned: Sequence[tuple[str, ArmPlan]]) -> list[tuple[str, str]]:
+    """Every distinct arm of a sweep checked by its server hosts (flags, preflight module) before the
+    first job starts. `planned`: (job description, plan) pairs; returns (problem, job description)."""
+    from orchestrator.remote import close_all, make_transports
+
+    problems: list[tuple[str, str]] = []
+    by_hosts: dict[str, list[tuple[str, ArmPlan]]] = {}
+    for job, plan in planned:
+        key = repr([plan.roles[role].host for role in SERVER_ROLES])
+        by_hosts.setdefault(key, []).append((job, plan))
+    for jobs in by_hosts.values():
+        first = jobs[0][1]
+        try:
+            transports = make_transports({role: first.roles[role].host for role in SERVER_ROLES})
+        except TransportError as e:
+            problems.append((f"cluster of {first.roles['decode'].host.address}: {e}", ""))
+            continue
+        try:
+            seen = set()
+            for job, plan in jobs:
+                if plan.signature in seen:
+                    continue
+                seen.add(plan.signature)
+                try:
+                    check_arm_on_hosts(plan, transports)
+                except (PreflightError, TransportError) as e:
+                    problems.append((str(e), job))
+        finally:
+            close_all(transports)
+    return problems

@@ -1,15 +1,17 @@
-"""MLflow tracking: a parent run per multirun (a Hydra callback), a child run per arm, and reading it back.
+"""MLflow tracking: a parent run per multirun, a child run per arm, and reading it back. Takes typed
+values (`schema`, `plan.ArmPlan`) only; the Hydra callback that drives the parent run is in callbacks.py.
 
 Layout in MLflow (experiment = the study's name):
-- parent run (tag `heisenhunt.kind=study`): created in `StudyCallback.on_multirun_start` and left
-  RUNNING until `on_multirun_end`, which writes the report, attaches it (`report/`) and ends the run.
+- parent run (tag `heisenhunt.kind=study`): created by `start_study_run` (from the callback's
+  `on_multirun_start`) and left RUNNING until `end_study_run`, which attaches the report (`report/`).
   Its id reaches the jobs explicitly, through `<sweep dir>/.heisenhunt/parent_run_id` and the env var
   HEISENHUNT_PARENT_RUN_ID, so launchers that run jobs in other processes work too. It carries the
   study definition (`study/study.json`), from which the report command rebuilds the report.
   If the sweep never reaches `on_multirun_end` (bad input, Ctrl-C), an exit hook marks it KILLED.
 - child runs (tag `heisenhunt.kind=arm`, `mlflow.parentRunId`): one per arm x repetition, written by
   `ArmTracker`. Params `factor.<name>` (every factor on every arm, so the compare view lines arms up),
-  `env.<role>.<NAME>` (redacted), `flags.<role>`, `argv.<role>`, `workload.*`, `bench.*`, `signature`.
+  `env.<role>.<NAME>` (redacted), `flags.<role>`, `argv.<role>`, `origin.<role>` (JSON: which factor
+  level, the deployment or the cluster set each env var and flag), `workload.*`, `bench.*`, `signature`.
   Tags `signature`, `repetition`, `study`, `arm`, `outcomes` (none|partial|complete), `client_bound`,
   `provenance.<role>.*`, `failure_reason`. Metrics `sessions_*`, `corruption_rate`, `corruption_ci_*`,
   `tok_s.c<C>`, `ttft_p50_s.c<C>` ... , `startup_s.<role>`, `capture_batches`, `eager_batches`.
@@ -22,7 +24,6 @@ artifact is scanned for the arm's secret env values and uploaded redacted.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -31,19 +32,19 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.analysis import LevelSample, RunRecord, StudySpec, arm_label
-from orchestrator.factors import ArmPlan, flag_words
-from orchestrator.redact import is_secret_name, redact_env, redact_text
+from orchestrator.analysis import LevelSample, RunRecord, arm_label
+from orchestrator.plan import ArmPlan, flag_words
+from orchestrator.redact import redact_env, redact_text
 from orchestrator.results import BenchResult, LogFacts, StressSummary
+from orchestrator.schema import StudyConf, TrackingConf
 from orchestrator.stats import clopper_pearson
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,6 @@ def _now_ms() -> int:
 
 
 def _flatten(prefix: str, node: Any) -> dict[str, str]:
-    if isinstance(node, (DictConfig,)):
-        node = OmegaConf.to_container(node, resolve=True)
     if isinstance(node, Mapping):
         out: dict[str, str] = {}
         for key, value in node.items():
@@ -113,160 +112,69 @@ def _iter_runs(
 # --- parent run: the study callback ----------------------------------------------------------------
 
 
-def end_parent_refused(config: DictConfig, reason: str) -> None:
-    """The sweep was refused before any job ran (bad input): end this sweep's parent run FAILED with
-    the reason, so MLflow shows why it is empty (the callback's exit hook then leaves it alone)."""
-    run_id = os.environ.get(PARENT_ENV)
-    if not run_id:
-        return
-    client = make_client(str(config.tracking.uri))
-    client.set_tag(run_id, "failure_reason", redact_text(reason, secret_env(config))[:MAX_TAG])
+def end_run_refused(uri: str, run_id: str, reason: str) -> None:
+    """End a run FAILED now with its (already redacted) reason: the sweep was refused before any job ran,
+    and MLflow shows why the parent run is empty."""
+    client = make_client(uri)
+    client.set_tag(run_id, "failure_reason", reason[:MAX_TAG])
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 
-def secret_env(config: DictConfig) -> dict[str, str]:
-    """Every secret-looking env var the config sets on a role, in the deployment or a factor level."""
-    envs: list[Any] = []
-    for role in (OmegaConf.select(config, "deployment.roles") or {}).values():
-        envs.append(role.get("env") or {})
-    for factor in (config.get("factor") or {}).values():
-        envs += [delta.get("env") or {} for delta in (factor.get("roles") or {}).values()]
-    found: dict[str, str] = {}
-    for env in envs:
-        for name in env:
-            if is_secret_name(str(name)):
-                try:
-                    found[str(name)] = str(env[name])
-                except Exception:  # an interpolation that cannot resolve here holds no value
-                    log.debug("env %s does not resolve here; nothing to redact", name)
-    return found
-
-
-def _sweep_dir(cfg: Any) -> str | None:
-    if cfg is not None:
-        found = (
-            OmegaConf.select(cfg, "hydra.sweep.dir", default=None) if isinstance(cfg, DictConfig) else None
-        )
-        if found:
-            return str(found)
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        try:
-            return str(HydraConfig.get().sweep.dir)
-        except Exception:
-            return None
-    return None
-
-
-def parent_run_id(cfg: Any) -> str | None:
-    """The sweep's parent run: cfg.parent_run_id if set, else $HEISENHUNT_PARENT_RUN_ID, else the file
-    in the sweep dir, else None (a job run on its own)."""
-    explicit = cfg.get("parent_run_id") if cfg is not None and hasattr(cfg, "get") else None
+def parent_run_id(explicit: str | None, sweep_dir: str | None) -> str | None:
+    """The sweep's parent run: `explicit` (the job's parent_run_id) if set, else $HEISENHUNT_PARENT_RUN_ID,
+    else the file in the sweep dir, else None (a job run on its own)."""
     if explicit:
-        return str(explicit)
+        return explicit
     if os.environ.get(PARENT_ENV):
         return os.environ[PARENT_ENV]
-    sweep = _sweep_dir(cfg)
-    if sweep and (Path(sweep) / PARENT_FILE).is_file():
-        return (Path(sweep) / PARENT_FILE).read_text().strip() or None
+    if sweep_dir and (Path(sweep_dir) / PARENT_FILE).is_file():
+        return (Path(sweep_dir) / PARENT_FILE).read_text().strip() or None
     return None
 
 
-class StudyCallback(Callback):
-    """Hydra callback: the parent MLflow run of a multirun, and the report at its end."""
+def start_study_run(
+    tracking: TrackingConf, study: StudyConf, sweep_dir: Path, design: str, overrides: list[str]
+) -> str:
+    """The parent run of a sweep (left RUNNING), with the study definition attached; its id is left in
+    the sweep dir for the jobs. `overrides` must already be redacted."""
+    client = make_client(tracking.uri)
+    exp_id = ensure_experiment(client, study.name, tracking.artifact_location)
+    tags = {
+        KIND: "study",
+        "study": study.name,
+        "sweep_dir": str(sweep_dir),
+        "design": design,
+        "overrides": json.dumps(overrides)[:MAX_TAG],
+        "mlflow.note.content": study.description[:MAX_TAG],
+    }
+    run = client.create_run(exp_id, tags=tags, run_name=f"{study.name} {sweep_dir.name}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "study.json"
+        path.write_text(json.dumps(study.to_dict(), indent=1, sort_keys=True))
+        client.log_artifact(run.info.run_id, str(path), "study")
+    (sweep_dir / PARENT_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / PARENT_FILE).write_text(run.info.run_id + "\n")
+    return run.info.run_id
 
-    def __init__(self, **_: Any) -> None:
-        self.run_id: str | None = None
-        self._uri: str | None = None
-        self._saved_env: str | None = None
-        self._ended = False
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from orchestrator.checks import check_local_side
+def end_study_run(uri: str, run_id: str, paths: list[Path], failure: str | None = None) -> None:
+    """Attach the report files and end the parent run: FINISHED, or FAILED with `failure`."""
+    client = make_client(uri)
+    for path in paths:
+        client.log_artifact(run_id, str(path), "report")
+    if failure:
+        client.set_tag(run_id, "failure_reason", failure[:MAX_TAG])
+    status = RunStatus.FAILED if failure else RunStatus.FINISHED
+    client.set_terminated(run_id, RunStatus.to_string(status))
 
-        uri = str(config.tracking.uri)
-        # before the parent run exists: a bad store or reports dir stops the sweep with one clear message
-        check_local_side(uri, str(config.report.dir))
-        client = make_client(uri)
-        study = str(config.study.name)
-        exp_id = ensure_experiment(client, study, config.tracking.get("artifact_location"))
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        # the command line may carry a secret env value (`++deployment.roles.decode.env={HF_TOKEN: ...}`)
-        secrets = secret_env(config)
-        overrides = [redact_text(str(o), secrets) for o in (config.hydra.overrides.get("task") or [])]
-        sweeper = config.hydra.get("sweeper") or {}
-        design = (
-            str(sweeper.get("design") if sweeper.get("params") else sweeper.get("default_design", "")) or "?"
-        )
-        spec = StudySpec.from_dict(OmegaConf.to_container(config.study, resolve=True))  # type: ignore[arg-type]
-        tags = {
-            KIND: "study",
-            "study": study,
-            "sweep_dir": str(sweep_dir),
-            "design": design,
-            "overrides": json.dumps(overrides)[:MAX_TAG],
-            "mlflow.note.content": spec.description[:MAX_TAG],
-        }
-        run = client.create_run(exp_id, tags=tags, run_name=f"{study} {sweep_dir.name}")
-        self.run_id, self._uri, self._ended = run.info.run_id, uri, False
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "study.json"
-            path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True))
-            client.log_artifact(self.run_id, str(path), "study")
-        (sweep_dir / PARENT_FILE).parent.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / PARENT_FILE).write_text(self.run_id + "\n")
-        self._saved_env = os.environ.get(PARENT_ENV)
-        os.environ[PARENT_ENV] = self.run_id
-        atexit.register(self._abandoned)
-        log.info("MLflow: study %s, parent run %s (%s)", study, self.run_id, uri)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.run_id is None or self._uri is None:
-            return
-        from orchestrator.report import build_report
-
-        client = make_client(self._uri)
-        status = RunStatus.to_string(RunStatus.FINISHED)
-        try:
-            paths = build_report(
-                self._uri,
-                str(config.study.name),
-                Path(str(config.report.dir)),
-                plots=bool(config.report.plots),
-            )
-            for path in paths:
-                client.log_artifact(self.run_id, str(path), "report")
-            log.info("report: %s", paths[0])
-        except Exception as e:
-            log.exception("the report could not be built")
-            client.set_tag(self.run_id, "failure_reason", f"report: {type(e).__name__}: {e}"[:MAX_TAG])
-            status = RunStatus.to_string(RunStatus.FAILED)
-        finally:
-            client.set_terminated(self.run_id, status)
-            self._ended = True
-            self._restore_env()
-            atexit.unregister(self._abandoned)
-
-    def _restore_env(self) -> None:
-        if self._saved_env is None:
-            os.environ.pop(PARENT_ENV, None)
-        else:
-            os.environ[PARENT_ENV] = self._saved_env
-
-    def _abandoned(self) -> None:
-        """At exit without on_multirun_end (the sweep raised or was interrupted): end the parent KILLED."""
-        if self._ended or self.run_id is None or self._uri is None:
-            return
-        try:
-            client = make_client(self._uri)
-            if client.get_run(self.run_id).info.status != "RUNNING":
-                return  # already ended with its reason (e.g. the sweeper refused the sweep: FAILED)
-            client.set_tag(self.run_id, "failure_reason", "the multirun ended before on_multirun_end")
-            client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.KILLED))
-        except Exception:
-            log.exception("could not mark parent run %s KILLED", self.run_id)
-        self._ended = True
+def end_run_abandoned(uri: str, run_id: str) -> None:
+    """A parent run still RUNNING when its sweep ended without its end callback: KILLED, saying so."""
+    client = make_client(uri)
+    if client.get_run(run_id).info.status != "RUNNING":
+        return  # already ended with its reason (e.g. the sweeper refused the sweep: FAILED)
+    client.set_tag(run_id, "failure_reason", "the multirun ended before on_multirun_end")
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
 
 
 # --- child runs: one per arm -----------------------------------------------------------------------
@@ -275,7 +183,7 @@ class StudyCallback(Callback):
 class ArmTracker:
     """One MLflow child run per arm x repetition. Use as a context manager:
 
-        with ArmTracker.start(cfg, plan, repetition, parent_run_id(cfg)) as tracker:
+        with ArmTracker.start(tracking, study, plan, repetition, parent_id) as tracker:
             tracker.log_stress(summary, out_dir) ...
 
     On exit: FINISHED, or KILLED on KeyboardInterrupt/SystemExit, or FAILED on any other exception
@@ -290,15 +198,20 @@ class ArmTracker:
         self.status: str = "RUNNING"
 
     @classmethod
-    def start(cls, cfg: DictConfig, plan: ArmPlan, repetition: int, parent_run_id: str | None) -> ArmTracker:
-        client = make_client(str(cfg.tracking.uri))
-        study = str(cfg.study.name)
-        exp_id = ensure_experiment(client, study, cfg.tracking.get("artifact_location"))
-        baseline = {str(k): str(v) for k, v in (cfg.study.get("baseline") or {}).items()}
-        label = arm_label(plan.factors, baseline)
+    def start(
+        cls,
+        tracking: TrackingConf,
+        study: StudyConf,
+        plan: ArmPlan,
+        repetition: int,
+        parent_run_id: str | None,
+    ) -> ArmTracker:
+        client = make_client(tracking.uri)
+        exp_id = ensure_experiment(client, study.name, tracking.artifact_location)
+        label = arm_label(plan.factors, study.baseline)
         tags = {
             KIND: "arm",
-            "study": study,
+            "study": study.name,
             "signature": plan.signature,
             "repetition": str(int(repetition)),
             "arm": label,
@@ -307,18 +220,12 @@ class ArmTracker:
         if parent_run_id:
             tags[PARENT_TAG] = parent_run_id
         run = client.create_run(exp_id, tags=tags, run_name=f"{label} #{int(repetition)}")
-        secrets = {
-            name: value
-            for role in plan.roles.values()
-            for name, value in role.env.items()
-            if is_secret_name(name)
-        }
-        tracker = cls(client, run.info.run_id, secrets)
-        tracker._log_params(cfg, plan)
+        tracker = cls(client, run.info.run_id, plan.secrets)
+        tracker._log_params(plan)
         return tracker
 
     # params are immutable in MLflow: logged once, at start
-    def _log_params(self, cfg: DictConfig, plan: ArmPlan) -> None:
+    def _log_params(self, plan: ArmPlan) -> None:
         params = {f"factor.{name}": level for name, level in sorted(plan.factors.items())}
         params["signature"] = plan.signature
         for role, rp in sorted(plan.roles.items()):
@@ -326,8 +233,10 @@ class ArmTracker:
                 params[f"env.{role}.{name}"] = value
             params[f"flags.{role}"] = shlex.join(flag_words(rp.flags))
             params[f"argv.{role}"] = self.redact(shlex.join(rp.argv))
-        params.update(_flatten("workload", cfg.get("workload") or {}))
-        params.update(_flatten("bench", cfg.get("bench") or {}))
+            # which factor level (or the deployment, or the cluster) set each env var and flag
+            params[f"origin.{role}"] = json.dumps(rp.origin, sort_keys=True, separators=(",", ":"))
+        params.update(_flatten("workload", asdict(plan.workload)))
+        params.update(_flatten("bench", asdict(plan.bench)))
         items = [Param(k, self.redact(v)[:MAX_PARAM]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
@@ -418,8 +327,6 @@ class ArmTracker:
         if path is not None and path.is_file():
             self.log_artifact(path, "bench")
             return
-        from dataclasses import asdict
-
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp) / "bench.json"
             data = {"client_bound": result.client_bound, "levels": [asdict(lv) for lv in result.levels]}
@@ -555,11 +462,15 @@ def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
     config: dict[str, dict[str, Any]] = {}
     for key, value in params.items():
         kind, _, rest = key.partition(".")
+        role = rest.partition(".")[0]
+        if kind in ("env", "flags", "argv", "origin"):
+            config.setdefault(role, {"env": {}, "flags": "", "argv": "", "origin": {}})
         if kind == "env":
-            role, _, name = rest.partition(".")
-            config.setdefault(role, {"env": {}, "flags": "", "argv": ""})["env"][name] = value
+            config[role]["env"][rest.partition(".")[2]] = value
         elif kind in ("flags", "argv"):
-            config.setdefault(rest, {"env": {}, "flags": "", "argv": ""})[kind] = value
+            config[role][kind] = value
+        elif kind == "origin":
+            config[role]["origin"] = json.loads(value)
     bench: tuple[LevelSample, ...] = ()
     if tags.get("bench") == "logged" and run.info.status == "FINISHED":
         bench = _bench_levels(client, run.info.run_id, tmp / run.info.run_id) or _bench_from_metrics(metrics)
@@ -587,7 +498,7 @@ def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
     )
 
 
-def load_study(uri: str, study: str) -> tuple[StudySpec, dict[str, Any], list[RunRecord]]:
+def load_study(uri: str, study: str) -> tuple[StudyConf, dict[str, Any], list[RunRecord]]:
     """The study definition (from its latest parent run), the report context, and every arm run."""
     client = make_client(uri)
     exp = client.get_experiment_by_name(study)
@@ -603,7 +514,7 @@ def load_study(uri: str, study: str) -> tuple[StudySpec, dict[str, Any], list[Ru
     parent = parents[0]
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent.info.run_id, "study/study.json", tmp)
-        spec = StudySpec.from_dict(json.loads(Path(spec_path).read_text()))
+        spec = StudyConf.from_dict(json.loads(Path(spec_path).read_text()))
         runs = [
             _record(client, r, Path(tmp))
             for r in _iter_runs(client, exp.experiment_id, f"tags.`{KIND}` = 'arm'")

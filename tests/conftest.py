@@ -10,7 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from orchestrator.config import CONF_DIR
+from orchestrator.config import CONF_DIR, load_job
+from orchestrator.plan import ArmPlan, plan_arm
+from orchestrator.schema import JobConf
 
 _ISSUED: set[int] = set()
 
@@ -38,6 +40,16 @@ def local_cluster_overrides(tmp_path: Path) -> list[str]:
     overrides.append(f"cluster.hosts.prefill.bootstrap_port={free_port()}")
     overrides.append(f"cluster.hosts.router.metrics_port={free_port()}")
     return overrides
+
+
+def job_and_plan(cfg: DictConfig) -> tuple[JobConf, ArmPlan]:
+    job = load_job(cfg)
+    return job, plan_arm(job)
+
+
+def plan_of(cfg: DictConfig) -> ArmPlan:
+    """The arm a composed job config describes (typed and checked first, as a job does it)."""
+    return plan_arm(load_job(cfg))
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from orchestrator.config import ConfigError, available_levels, validate
-from orchestrator.factors import discover_factor_levels, plan_arm
+from orchestrator.catalog import discover_factor_levels
+from orchestrator.config import ConfigError, hydra_runtime, load_job
+from tests.conftest import plan_of
 
 SHIPPED_FACTORS = {
     "capture": ["eager", "graph"],
@@ -25,8 +26,8 @@ def test_the_four_original_factors_ship_with_their_levels(compose_cfg):
 def test_every_factor_level_composes_validates_and_plans(compose_cfg, factor):
     for level in SHIPPED_FACTORS[factor]:
         cfg = compose_cfg(f"factor/{factor}={level}")
-        validate(cfg)
-        assert plan_arm(cfg).factors[factor] == level
+        load_job(cfg)
+        assert plan_of(cfg).factors[factor] == level
 
 
 @pytest.mark.parametrize(
@@ -42,13 +43,12 @@ def test_every_factor_level_composes_validates_and_plans(compose_cfg, factor):
 )
 def test_every_config_group_option_composes(compose_cfg, group, option):
     cfg = compose_cfg(f"{group}={option}")
-    validate(cfg)
-    plan_arm(cfg)
+    plan_of(cfg)
 
 
 def test_the_shipped_study_composes_with_four_hypotheses(compose_cfg):
     cfg = compose_cfg("+experiment=dsv4_corruption")
-    validate(cfg)
+    load_job(cfg)
     assert cfg.study.name == "dsv4_corruption"
     assert [h.id for h in cfg.study.hypotheses] == ["H-multistream", "H-capture", "H-bf16", "H-hicache"]
     assert cfg.hydra.sweeper.design == "ofat"
@@ -77,8 +77,7 @@ def test_unknown_factor_is_refused_naming_the_known_factors(compose_cfg):
 def _problems(compose_cfg, *overrides) -> str:
     cfg = compose_cfg(*overrides)
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
-        plan_arm(cfg)
+        plan_of(cfg)
     return str(err.value)
 
 
@@ -141,8 +140,8 @@ def test_a_users_own_factor_on_the_searchpath_is_known(compose_cfg, tmp_path):
         path.write_text(f'level: {level}\nroles:\n  decode: {{env: {{WARP_SLOW: "{value}"}}}}\n')
     searchpath = f"hydra.searchpath=[file://{tmp_path}/myconf]"
     cfg = compose_cfg(searchpath, "+factor/warp=fast", "+study.baseline.warp=slow")
-    validate(cfg)  # the baseline names the user's factor: known through the job's search path
-    assert available_levels(cfg)["warp"] == ["fast", "slow"]
-    assert plan_arm(cfg).roles["decode"].env["WARP_SLOW"] == "0"
+    load_job(cfg)  # the baseline names the user's factor: known through the job's search path
+    assert discover_factor_levels(hydra_runtime(cfg).searchpath)["warp"] == ["fast", "slow"]
+    assert plan_of(cfg).roles["decode"].env["WARP_SLOW"] == "0"
     message = _problems(compose_cfg, searchpath, "+factor/warp=fast", "+study.baseline.warp=turbo")
     assert "study.baseline.warp" in message and "['fast', 'slow']" in message

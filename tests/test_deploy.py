@@ -7,12 +7,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
 from orchestrator.deploy import DeployError, Deployment
-from orchestrator.factors import ArmPlan, RolePlan
+from orchestrator.plan import ArmPlan
 from orchestrator.remote.local import LocalTransport
+from tests.conftest import plan_of
 
 ROLES = ("prefill", "decode", "router")
 
@@ -27,19 +29,22 @@ def _cfg(compose_cfg, **extra):
 
 
 def _plan(cfg, bad_role: str | None = None) -> ArmPlan:
+    """The composed arm, each role's server replaced by a plain HTTP server on its port."""
+    plan = plan_of(cfg)
     roles = {}
     for role in ROLES:
         host = cfg.cluster.hosts[role]
         argv = [sys.executable, "-m", "http.server", str(host.port), "--bind", "127.0.0.1"]
         if role == bad_role:
             argv.append("--no-such-flag")
-        roles[role] = RolePlan(role, {"HH_TEST": "1"}, {}, argv, f"http://127.0.0.1:{host.port}/")
-    return ArmPlan(factors={}, roles=roles, signature="test", router_url="")
+        url = f"http://127.0.0.1:{host.port}/"
+        roles[role] = replace(plan.roles[role], env={"HH_TEST": "1"}, flags={}, argv=argv, health_url=url)
+    return replace(plan, factors={}, roles=roles, signature="test", router_url="")
 
 
 def _deployment(cfg, plan, label="run1"):
     transports = {r: LocalTransport() for r in ROLES}
-    return Deployment(cfg, plan, transports, run_label=label)
+    return Deployment(plan, transports, run_label=label)
 
 
 def _listening(port: int) -> bool:
@@ -110,8 +115,8 @@ def test_health_gate_times_out_naming_the_url(compose_cfg, deployments):
     plan = _plan(cfg)
     roles = dict(plan.roles)
     port = cfg.cluster.hosts.prefill.port
-    roles["prefill"] = RolePlan("prefill", {}, {}, roles["prefill"].argv, f"http://127.0.0.1:{port}/missing")
-    d = _deployment(cfg, ArmPlan({}, roles, "t"))
+    roles["prefill"] = replace(roles["prefill"], env={}, health_url=f"http://127.0.0.1:{port}/missing")
+    d = _deployment(cfg, replace(plan, roles=roles, signature="t"))
     deployments.append(d)
     with pytest.raises(DeployError, match=r"not healthy within 2s .*missing.*HTTP 404"):
         d.co_restart()

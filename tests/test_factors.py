@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import pytest
 from hydra.errors import HydraException
 
-from hydra_plugins.heisenhunt_sweeper.study_sweeper import ofat_jobs
-from orchestrator.config import ConfigError
-from orchestrator.factors import flag_words, merge_role_deltas, plan_arm, signature
+from hydra_plugins.heisenhunt_sweeper._core import ofat_jobs
+from orchestrator.plan import flag_words, merge_role, signature
+from orchestrator.schema import FactorLevel, FactorRoles, RoleDelta, RoleLaunch, SelectedLevel
+from tests.conftest import plan_of
 
 
 def test_levels_land_on_the_roles_the_factor_names(compose_cfg):
-    plan = plan_arm(
+    plan = plan_of(
         compose_cfg(
             "factor/capture=eager", "factor/multi_stream=off", "factor/index_k=fp8", "factor/hicache=on"
         )
@@ -32,7 +34,7 @@ def test_levels_land_on_the_roles_the_factor_names(compose_cfg):
 
 def test_router_is_wired_to_prefill_with_its_bootstrap_port_and_to_decode(compose_cfg):
     cfg = compose_cfg()
-    argv = plan_arm(cfg).roles["router"].argv
+    argv = plan_of(cfg).roles["router"].argv
     hosts = cfg.cluster.hosts
     i = argv.index("--prefill")
     assert argv[i + 1 : i + 3] == [
@@ -44,10 +46,10 @@ def test_router_is_wired_to_prefill_with_its_bootstrap_port_and_to_decode(compos
 
 
 def test_signature_ignores_ports_and_key_order_but_not_levels(compose_cfg):
-    a = plan_arm(compose_cfg()).signature
-    b = plan_arm(compose_cfg()).signature  # other free ports, other work dirs
+    a = plan_of(compose_cfg()).signature
+    b = plan_of(compose_cfg()).signature  # other free ports, other work dirs
     assert a == b
-    assert plan_arm(compose_cfg("factor/multi_stream=off")).signature != a
+    assert plan_of(compose_cfg("factor/multi_stream=off")).signature != a
     env1 = {"A": "1", "B": "2"}
     env2 = {"B": "2", "A": "1"}
     assert signature({"decode": (env1, {"--x": None, "--y": 1})}, "m") == signature(
@@ -56,15 +58,18 @@ def test_signature_ignores_ports_and_key_order_but_not_levels(compose_cfg):
     assert signature({"decode": (env1, {})}, "m") != signature({"decode": (env1, {})}, "other-model")
 
 
+def _level(factor: str, option: str, **decode_env: str) -> SelectedLevel:
+    value = FactorLevel(level=option, roles=FactorRoles(decode=RoleDelta(env=decode_env)))
+    return SelectedLevel(factor=factor, option=option, source=f"factor/{factor}={option}", value=value)
+
+
 def test_two_factors_setting_one_name_differently_is_a_conflict():
-    factors = {
-        "a": {"roles": {"decode": {"env": {"X": "1"}}}},
-        "b": {"roles": {"decode": {"env": {"X": "0"}}}},
-    }
-    with pytest.raises(ConfigError, match=r"factor.b and factor.a both set decode env X"):
-        merge_role_deltas({}, {}, factors, "decode")
-    env, _ = merge_role_deltas({"X": "9"}, {}, {"a": factors["a"]}, "decode")
-    assert env == {"X": "1"}  # a factor overrides the deployment
+    factors = {"a": _level("a", "one", X="1"), "b": _level("b", "zero", X="0")}
+    problems = merge_role("decode", RoleLaunch(), factors).problems
+    assert len(problems) == 1 and re.match(r"factor.b and factor.a both set decode env X", problems[0])
+    merged = merge_role("decode", RoleLaunch(env={"X": "9"}), {"a": factors["a"]})
+    assert merged.env == {"X": "1"}  # a factor overrides the deployment
+    assert merged.origin["env X"] == "factor.a=one" and not merged.problems
 
 
 def test_flag_words_switches_scalars_and_lists():
@@ -111,7 +116,7 @@ def test_ofat_refuses_a_baseline_level_that_is_not_swept():
 
 
 def test_problems_found_in_many_jobs_are_reported_once_saying_where():
-    from hydra_plugins.heisenhunt_sweeper.study_sweeper import JOB_SEP, collapse
+    from hydra_plugins.heisenhunt_sweeper._core import JOB_SEP, collapse
 
     problems = [f"bad env{JOB_SEP}a=1", f"bad env{JOB_SEP}a=2", f"bad flag{JOB_SEP}a=2"]
     problems.append("tracking unreachable")

@@ -457,6 +457,12 @@ BAD_EXPERIMENTS = {
     ),
 }
 BAD_FAULT_MODEL = "version: 1\nrules: 12\n"
+# a user's factor whose levels are wrong in the two ways a schema catches: a misspelled role, a `level:`
+# that is not its file name
+BAD_EXPERIMENTS |= {
+    "factor/warp/slow.yaml": 'level: slow\nroles:\n  decod: {env: {WARP_SLOW: "1"}}\n',
+    "factor/warp/fast.yaml": 'level: quick\nroles:\n  decode: {env: {WARP_SLOW: "0"}}\n',
+}
 
 
 @dataclass(frozen=True)
@@ -475,6 +481,18 @@ BAD_INPUTS = {
         marks=pytest.mark.xfail(
             strict=True, reason="Hydra's own message names the key but not the accepted factors"
         ),
+    ),
+    "factor level with a misspelled role": BadInput(
+        ("+factor/warp=slow", "{searchpath}"),
+        (
+            "factor/warp/slow.yaml",
+            "roles.decod: unknown role 'decod'",
+            "accepted: ['prefill', 'decode', 'router']",
+        ),
+    ),
+    "factor level named unlike its file": BadInput(
+        ("+factor/warp=fast", "{searchpath}"),
+        ("factor/warp/fast.yaml", "level: 'quick' differs from the file name 'fast'", "accepted: 'fast'"),
     ),
     "unknown level": BadInput(
         ("factor/multi_stream=maybe",), ("factor/multi_stream/maybe", "Available options", "off")
@@ -705,15 +723,15 @@ def test_an_impatient_user_pressing_ctrl_c_again_during_teardown_still_leaves_no
 
 
 def test_an_arm_its_hosts_refuse_stops_nothing_and_starts_nothing(compose_cfg, study, sentinel, tmp_path):
-    """run_arm on its own (no sweeper in front): a host check that refuses the arm comes before the
+    """One job on its own (no sweeper in front): a host check that refuses the arm comes before the
     co-restart, so whatever runs (here the sentinel in decode's pid file) is left alone."""
-    from orchestrator.__main__ import run_arm
+    from orchestrator.__main__ import run_job
     from orchestrator.preflight import PreflightError
 
     (tmp_path / "bad.yaml").write_text(BAD_FAULT_MODEL)
     cfg = compose_cfg(f"++deployment.roles.decode.env={{HEISENHUNT_SIM_FAULT_MODEL: '{tmp_path}/bad.yaml'}}")
     with pytest.raises(PreflightError, match=r"orchestrator\.sim\.check.* refused the arm"):
-        run_arm(cfg, tmp_path / "job")
+        run_job(cfg, tmp_path / "job")
     pid, pid_text = sentinel
     assert group_alive(pid)
     assert (study.work_dir("decode") / "decode.pid").read_text() == pid_text

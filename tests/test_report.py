@@ -12,10 +12,17 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.factors import plan_arm
+from orchestrator.callbacks import StudyCallback
 from orchestrator.report import dumps, launch_command, render_markdown
 from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
-from orchestrator.tracking import ArmTracker, StudyCallback
+from orchestrator.tracking import ArmTracker
+from tests.conftest import job_and_plan
+
+
+def _tracker(cfg, repetition: int, parent: str | None) -> ArmTracker:
+    job, plan = job_and_plan(cfg)
+    return ArmTracker.start(job.tracking, job.study, plan, repetition, parent)
+
 
 LITERAL = {
     "schema": 1,
@@ -308,17 +315,15 @@ def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, 
         (("factor/multi_stream=off",), 0, 60, 1),
     ]
     for extra, corrupted, clean, rep in arms:
-        job = compose_cfg(*overrides, *extra)
-        with ArmTracker.start(job, plan_arm(job), rep, parent) as tracker:
+        with _tracker(compose_cfg(*overrides, *extra), rep, parent) as tracker:
             out = tmp_path / f"arm{len(extra)}{rep}"
             tracker.log_stress(_stress(out, corrupted, clean), out)
             tracker.log_bench(_bench(rep), None)
     job = compose_cfg(*overrides, "factor/multi_stream=off")
-    with pytest.raises(KeyboardInterrupt), ArmTracker.start(job, plan_arm(job), 2, parent) as tracker:
+    with pytest.raises(KeyboardInterrupt), _tracker(job, 2, parent) as tracker:
         tracker.log_stress(_stress(tmp_path / "killed", 0, 20, planned=60), tmp_path / "killed")
         raise KeyboardInterrupt
-    job = compose_cfg(*overrides, "factor/capture=eager")
-    with ArmTracker.start(job, plan_arm(job), 0, parent) as tracker:
+    with _tracker(compose_cfg(*overrides, "factor/capture=eager"), 0, parent) as tracker:
         tracker.fail("decode did not become healthy within 60 s", "Traceback ...")
 
     callback.on_multirun_end(cfg)
@@ -396,8 +401,8 @@ def test_report_cli_names_a_missing_study(tmp_path):
 
 HYDRA_APP = """
 import hydra
-from orchestrator.config import CONF_DIR
-from orchestrator.factors import plan_arm
+from orchestrator.config import CONF_DIR, load_job
+from orchestrator.plan import plan_arm
 from orchestrator.results import StressSummary
 from orchestrator.tracking import ArmTracker, parent_run_id
 
@@ -405,9 +410,11 @@ from orchestrator.tracking import ArmTracker, parent_run_id
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg):
     # a stand-in for the arm: no servers, the outcome the fault model would give
-    plan = plan_arm(cfg)
+    job = load_job(cfg)
+    plan = plan_arm(job)
     bad = 9 if plan.factors["multi_stream"] == "on" else 0
-    with ArmTracker.start(cfg, plan, int(cfg.repetition), parent_run_id(cfg)) as tracker:
+    parent = parent_run_id(job.parent_run_id, job.sweep_dir)
+    with ArmTracker.start(job.tracking, job.study, plan, job.repetition, parent) as tracker:
         summary = StressSummary(sessions=60, clean=60 - bad, corrupted=bad, errored=0, planned=60)
         tracker.log_stress(summary, None)
     return tracker.run_id

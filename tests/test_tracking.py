@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.factors import plan_arm
+from orchestrator.callbacks import StudyCallback
+from orchestrator.config import load_job
 from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 from orchestrator.tracking import (
     PARENT_ENV,
     PARENT_FILE,
     ArmTracker,
-    StudyCallback,
     finished_runs,
     load_study,
     parent_run_id,
 )
+from tests.conftest import job_and_plan
 
 SECRET = "hf_s3cretvalue42"
 
@@ -35,6 +36,11 @@ def cfg_for(compose_cfg, tmp_path):
         )
 
     return make
+
+
+def _parent(cfg) -> str | None:
+    job = load_job(cfg)
+    return parent_run_id(job.parent_run_id, job.sweep_dir)
 
 
 def client_for(cfg) -> MlflowClient:
@@ -111,8 +117,8 @@ def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
     runs = {}
     for overrides in ((), ("factor/multi_stream=off",)):
         cfg = cfg_for(*overrides)
-        plan = plan_arm(cfg)
-        with ArmTracker.start(cfg, plan, 1, "parent123") as tracker:
+        job, plan = job_and_plan(cfg)
+        with ArmTracker.start(job.tracking, job.study, plan, 1, "parent123") as tracker:
             tracker.log_provenance("decode", {"git_sha": "abc123", "dirty": False})
             tracker.log_startup({"prefill": 1.5, "decode": 2.0})
         runs[plan.signature] = client_for(cfg).get_run(tracker.run_id)
@@ -139,10 +145,13 @@ def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
 
 def test_failed_and_killed_statuses(cfg_for):
     cfg = cfg_for()
-    plan = plan_arm(cfg)
+    job, plan = job_and_plan(cfg)
     client = client_for(cfg)
 
-    with pytest.raises(RuntimeError, match="boom"), ArmTracker.start(cfg, plan, 0, None) as crashed:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        ArmTracker.start(job.tracking, job.study, plan, 0, None) as crashed,
+    ):
         raise RuntimeError("boom")
     run = client.get_run(crashed.run_id)
     assert run.info.status == "FAILED"
@@ -150,11 +159,11 @@ def test_failed_and_killed_statuses(cfg_for):
     failure = Path(client.download_artifacts(crashed.run_id, "failure/failure.txt"))
     assert "Traceback" in failure.read_text()
 
-    with pytest.raises(KeyboardInterrupt), ArmTracker.start(cfg, plan, 1, None) as killed:
+    with pytest.raises(KeyboardInterrupt), ArmTracker.start(job.tracking, job.study, plan, 1, None) as killed:
         raise KeyboardInterrupt
     assert client.get_run(killed.run_id).info.status == "KILLED"
 
-    with ArmTracker.start(cfg, plan, 2, None) as failed:
+    with ArmTracker.start(job.tracking, job.study, plan, 2, None) as failed:
         failed.fail("decode did not become healthy within 600 s", "line 1\nCUDA error: out of memory\n")
         failed.log_startup({"decode": 600.0})  # still logs after fail(); the status stays FAILED
     run = client.get_run(failed.run_id)
@@ -163,7 +172,7 @@ def test_failed_and_killed_statuses(cfg_for):
     text = Path(client.download_artifacts(failed.run_id, "failure/failure.txt")).read_text()
     assert "CUDA error: out of memory" in text
 
-    with ArmTracker.start(cfg, plan, 3, None) as ok:
+    with ArmTracker.start(job.tracking, job.study, plan, 3, None) as ok:
         pass
     assert client.get_run(ok.run_id).info.status == "FINISHED"
     assert finished_runs(str(cfg.tracking.uri), str(cfg.study.name)) == {(plan.signature, 3)}
@@ -172,10 +181,10 @@ def test_failed_and_killed_statuses(cfg_for):
 
 def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
     cfg = cfg_for(f"+deployment.roles.decode.env.HF_TOKEN={SECRET}")
-    plan = plan_arm(cfg)
+    job, plan = job_and_plan(cfg)
     log_file = tmp_path / "decode.log"
     log_file.write_text(f"starting with token {SECRET}\nready\n")
-    with ArmTracker.start(cfg, plan, 0, None) as tracker:
+    with ArmTracker.start(job.tracking, job.study, plan, 0, None) as tracker:
         tracker.log_artifact(log_file, "server_logs")
         tracker.fail(f"auth failed for {SECRET}", f"tail {SECRET}")
     client = client_for(cfg)
@@ -191,9 +200,12 @@ def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
 
 def test_interrupted_stress_keeps_partial_outcomes(cfg_for, tmp_path):
     cfg = cfg_for()
-    plan = plan_arm(cfg)
+    job, plan = job_and_plan(cfg)
     summary = write_stress(tmp_path / "stress", corrupted=3, clean=20, errored=2, planned=60)
-    with pytest.raises(KeyboardInterrupt), ArmTracker.start(cfg, plan, 0, None) as tracker:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        ArmTracker.start(job.tracking, job.study, plan, 0, None) as tracker,
+    ):
         tracker.log_stress(summary, tmp_path / "stress")
         raise KeyboardInterrupt
     client = client_for(cfg)
@@ -217,11 +229,11 @@ def test_interrupted_stress_keeps_partial_outcomes(cfg_for, tmp_path):
 
 def test_bench_metrics_and_read_back(cfg_for, tmp_path):
     cfg = cfg_for()
-    plan = plan_arm(cfg)
+    job, plan = job_and_plan(cfg)
     callback = StudyCallback()
     callback.on_multirun_start(cfg)
     try:
-        with ArmTracker.start(cfg, plan, 0, callback.run_id) as tracker:
+        with ArmTracker.start(job.tracking, job.study, plan, 0, callback.run_id) as tracker:
             tracker.log_stress(write_stress(tmp_path / "s", 2, 58), tmp_path / "s")
             tracker.log_bench(bench_result(warn=True), None)
     finally:
@@ -260,13 +272,11 @@ def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
     try:
         sweep_file = Path(str(cfg.hydra.sweep.dir)) / PARENT_FILE
         assert sweep_file.read_text().strip() == callback.run_id
-        assert parent_run_id(cfg) == callback.run_id  # from the env var
+        assert _parent(cfg) == callback.run_id  # from the env var
         monkeypatch.delenv(PARENT_ENV)
-        assert (
-            parent_run_id(cfg) == callback.run_id
-        )  # from the file, as a launcher in another process sees it
+        assert _parent(cfg) == callback.run_id  # from the file, as a launcher in another process sees it
         cfg.parent_run_id = "explicit"
-        assert parent_run_id(cfg) == "explicit"
+        assert _parent(cfg) == "explicit"
         cfg.parent_run_id = None
         parent = client_for(cfg).get_run(callback.run_id)
         assert parent.info.status == "RUNNING"
@@ -280,4 +290,4 @@ def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
     assert PARENT_ENV not in __import__("os").environ
     # no sweep, no env, no explicit id: a job run on its own has no parent
     cfg.hydra.sweep.dir = "/nonexistent/sweep"
-    assert parent_run_id(cfg) is None
+    assert _parent(cfg) is None

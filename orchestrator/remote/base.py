@@ -13,14 +13,13 @@ in a `finally` (it is a context manager).
 
 from __future__ import annotations
 
-import re
 import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+from orchestrator.shell import command_line
 
 
 class TransportError(RuntimeError):
@@ -41,16 +40,6 @@ class CommandResult:
     stderr: str
 
 
-def env_assignments(env: Mapping[str, str]) -> list[str]:
-    """`NAME=value` words for `env`, names validated, every value shell-quoted."""
-    words = []
-    for name, value in env.items():
-        if not ENV_NAME.match(name):
-            raise ValueError(f"invalid environment variable name {name!r}: must match {ENV_NAME.pattern}")
-        words.append(f"{name}={shlex.quote(str(value))}")
-    return words
-
-
 def detached_command(
     argv: Sequence[str], env: Mapping[str, str], log_path: str, pid_path: str, cwd: str | None = None
 ) -> str:
@@ -60,9 +49,7 @@ def detached_command(
     that started it. The start time tells a later run whether the pid was recycled."""
     if not argv:
         raise ValueError("empty command")
-    quoted = shlex.join(argv)
-    assignments = " ".join(env_assignments(env))
-    launch = f"env {assignments} {quoted}" if assignments else quoted
+    launch = command_line(argv, env)
     cd = f"cd {shlex.quote(cwd)} || exit 1; " if cwd else ""
     log, pid = shlex.quote(log_path), shlex.quote(pid_path)
     parent = shlex.quote(str(_parent(log_path)))
@@ -118,9 +105,7 @@ class Transport(ABC):
         cwd: str | None = None,
     ) -> CommandResult:
         """Run `argv` (quoted for the shell) with extra `env`, wait for it."""
-        line = shlex.join(argv)
-        if env:
-            line = f"env {' '.join(env_assignments(env))} {line}"
+        line = command_line(argv, env)
         if cwd:
             line = f"cd {shlex.quote(cwd)} && {line}"
         result = self.run_shell(line, timeout=timeout)

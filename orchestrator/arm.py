@@ -1,0 +1,312 @@
+"""One arm end to end, as plain functions: a pure `prepare` step and `run_arm`, which takes its side
+effects (transports, tracker, workload) from the caller.
+
+    prepare(job, finished)  -> ArmStart (or a skip, on resume): validate, plan, resume check. Pure.
+    run_arm(plan, transports, tracker, workload, ...): preflight on the hosts -> co-restart the PD
+        deployment -> stress workload -> throughput sweep -> logs; teardown is one ExitStack.
+
+A failed arm is data: it becomes a FAILED run with its reason and the sweep goes on. An interrupt
+(Ctrl-C, SIGTERM) tears everything down, keeps what was measured, marks the run KILLED and stops. Bad
+input that a host catches before any restart (PreflightError) ends the run FAILED and stops the sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.analysis import arm_label
+from orchestrator.deploy import DeployError, Deployment
+from orchestrator.observe import parse_decode_log
+from orchestrator.plan import ArmPlan, plan_arm
+from orchestrator.preflight import PreflightError, check_arm_on_hosts, gpu_memory_used, host_provenance
+from orchestrator.redact import redact_text
+from orchestrator.remote import close_all
+from orchestrator.remote.base import Transport
+from orchestrator.schema import SERVER_ROLES, JobConf
+
+log = logging.getLogger("orchestrator")
+
+# the stress seed of repetition r is seed + r * REPETITION_SEED_STRIDE: repetitions see other tasks
+REPETITION_SEED_STRIDE = 7919
+
+
+# --- prepare (pure) ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArmStart:
+    """A job that is to run: its plan, and how it is labelled and recorded."""
+
+    plan: ArmPlan
+    label: str
+    repetition: int
+    run_label: str  # names this start's logs on the hosts
+
+
+@dataclass(frozen=True)
+class ArmSkip:
+    """A job resume skips: its (signature, repetition) already has a FINISHED run."""
+
+    label: str
+    signature: str
+    repetition: int
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "status": "SKIPPED",
+            "signature": self.signature,
+            "repetition": self.repetition,
+            "arm": self.label,
+        }
+
+
+def prepare(job: JobConf, finished: set[tuple[str, int]]) -> ArmStart | ArmSkip:
+    """What to do with a (validated) job, given the study's FINISHED (signature, repetition) pairs."""
+    plan = plan_arm(job)
+    label = arm_label(plan.factors, job.study.baseline)
+    if job.resume and (plan.signature, job.repetition) in finished:
+        return ArmSkip(label=label, signature=plan.signature, repetition=job.repetition)
+    run_label = f"{job.study.name}-{plan.signature}-r{job.repetition}"
+    return ArmStart(plan=plan, label=label, repetition=job.repetition, run_label=run_label)
+
+
+# --- the workload, as the arm sees it ------------------------------------------------------------------
+
+
+class Tracker(Protocol):
+    """What run_arm records through (tracking.ArmTracker; tests may pass another recorder)."""
+
+    run_id: str
+
+    def __enter__(self) -> Tracker: ...
+    def __exit__(self, *exc: Any) -> bool: ...
+    def fail(self, reason: str, log_tail: str = "") -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def log_provenance(self, role: str, info: Mapping[str, Any]) -> None: ...
+    def log_startup(self, seconds_by_role: Mapping[str, float]) -> None: ...
+    def log_stress(self, summary: Any, out_dir: Path | None) -> None: ...
+    def log_bench(self, result: Any, out_dir: Path | None) -> None: ...
+    def log_facts(self, facts: Any) -> None: ...
+
+
+class Workload(Protocol):
+    """What is measured on a healthy deployment; it logs through the tracker as it goes."""
+
+    def measure(self, plan: ArmPlan, deployment: Deployment, tracker: Tracker, out_dir: Path) -> None: ...
+
+
+@dataclass(frozen=True)
+class StressThenBench:
+    """The standard workload: the tool-calling stress reproducer, then (if enabled) the throughput sweep,
+    with the plan's workload and bench settings. A server that dies meanwhile fails the arm."""
+
+    repetition: int = 0
+
+    def measure(self, plan: ArmPlan, deployment: Deployment, tracker: Tracker, out_dir: Path) -> None:
+        from orchestrator.workload.bench import run_bench_sync
+        from orchestrator.workload.stress import StressSettings, run_stress_sync, summarize_jsonl
+
+        stress_dir = out_dir / "stress"
+        w = plan.workload
+        try:
+            settings = StressSettings(
+                url=plan.router_url,
+                sessions=w.sessions,
+                rounds=w.rounds,
+                concurrency=w.concurrency or None,
+                seed=w.seed + self.repetition * REPETITION_SEED_STRIDE,
+                model=plan.served_model,
+                timeout_s=w.timeout_s,
+                out_dir=stress_dir,
+                check_plan=w.check_plan,
+            )
+            summary = run_stress_sync(
+                settings,
+                server_gone=lambda: (
+                    f"{role} is no longer running" if (role := deployment.dead_role()) else None
+                ),
+            )
+        except BaseException:
+            # whatever completed before the interrupt or crash is kept, marked partial by its counts
+            tracker.log_stress(summarize_jsonl(stress_dir / "sessions.jsonl", planned=w.sessions), stress_dir)
+            raise
+        tracker.log_stress(summary, stress_dir)
+        deployment.check_alive("the stress workload")
+        if plan.bench.enabled:
+            b = plan.bench
+            bench_dir = out_dir / "bench"
+            result = run_bench_sync(
+                url=plan.router_url,
+                concurrency_levels=list(b.concurrency),
+                requests_per_worker=b.requests_per_worker,
+                input_len=b.input_len,
+                output_len=b.output_len,
+                model=plan.served_model,
+                warmup_requests=b.warmup_requests,
+                timeout_s=b.timeout_s,
+                out_dir=bench_dir,
+            )
+            tracker.log_bench(result, bench_dir)
+            deployment.check_alive("the throughput sweep")
+
+
+# --- signals -------------------------------------------------------------------------------------------
+
+
+class InterruptGuard:
+    """SIGINT and SIGTERM while an arm runs.
+
+    The first one raises KeyboardInterrupt, so the arm's teardown runs. Any later one (an impatient
+    second Ctrl-C) is logged and ignored until the arm is done: it must not cut the teardown short and
+    leave servers running. A signal that arrives during the teardown of an arm that ended on its own is
+    held and raised once the arm is recorded (`raise_pending`), so it still stops the sweep.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.shielded = False
+        self.pending: int | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.fired or self.shielded:
+            self.pending = self.pending or signum
+            log.warning("signal %d ignored: stopping the servers first", signum)
+            return
+        self.fired = True
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[InterruptGuard]:
+        try:
+            previous = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+        except ValueError:  # not the main thread (some launchers): signals keep their defaults
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def shield(self) -> Iterator[None]:
+        """Hold signals while the block runs (the teardown)."""
+        self.shielded = True
+        try:
+            yield
+        finally:
+            self.shielded = False
+
+    def raise_pending(self) -> None:
+        if self.pending is not None and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt(f"signal {self.pending} (held during teardown)")
+
+
+# --- execute -------------------------------------------------------------------------------------------
+
+
+def run_arm(
+    start: ArmStart,
+    transports: Mapping[str, Transport],
+    tracker: Tracker,
+    workload: Workload,
+    out_dir: Path,
+    on_event: Callable[[str], None] = log.info,
+) -> dict[str, Any]:
+    """Run one prepared arm on its hosts and record it; returns the job's summary. The tracker's run
+    ends here (FINISHED, FAILED or KILLED) and the transports are closed."""
+    plan = start.plan
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info("arm %s, repetition %d, signature %s", start.label, start.repetition, plan.signature)
+    guard = InterruptGuard()
+    status = "FINISHED"
+    with guard.installed(), tracker, contextlib.ExitStack() as teardown:
+        teardown.callback(close_all, transports)
+        try:
+            host_checks(plan, transports, tracker)
+        except PreflightError as e:
+            # bad input the hosts caught: nothing was stopped or restarted; the run says why, the sweep stops
+            tracker.fail(str(e))
+            raise
+        deployment = Deployment(plan, transports, run_label=start.run_label, on_event=on_event)
+        teardown.callback(_teardown, guard, deployment, out_dir, tracker)
+        try:
+            deployment.co_restart()
+            tracker.log_startup(deployment.startup_s)
+            workload.measure(plan, deployment, tracker, out_dir)
+        except DeployError as e:
+            log.error("arm %s failed: %s", start.label, e)
+            tracker.fail(str(e).splitlines()[0], e.log_tail)
+            status = "FAILED"
+        except Exception as e:  # failures are data: record this arm and let the sweep go on
+            log.exception("arm %s failed", start.label)
+            tracker.fail(f"{type(e).__name__}: {e}")
+            status = "FAILED"
+    guard.raise_pending()
+    return {
+        "status": status,
+        "signature": plan.signature,
+        "repetition": start.repetition,
+        "arm": start.label,
+        "run_id": tracker.run_id,
+    }
+
+
+def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tracker) -> None:
+    """The hosts check the arm (again: a host may have changed since the sweep began) and say what
+    they run, before anything is restarted."""
+    check_arm_on_hosts(plan, transports)
+    for role in SERVER_ROLES:
+        host = plan.roles[role].host
+        info = host_provenance(transports[role], host.python, host.server_checkout)
+        tracker.log_provenance(role, dataclasses.asdict(info))
+
+
+def _teardown(guard: InterruptGuard, deployment: Deployment, out_dir: Path, tracker: Tracker) -> None:
+    """Stop every server, keep their logs, show the GPUs were freed; signals wait until it is done."""
+    with guard.shield():
+        problems = deployment.stop_all()
+        collect_logs(deployment, out_dir, tracker)
+        gpus_after_teardown(deployment.transports, tracker)
+    if problems:
+        log.error("teardown problems: %s", problems)
+
+
+def gpus_after_teardown(transports: Mapping[str, Transport], tracker: Tracker) -> None:
+    """GPU memory in use after teardown, per server host: shows the GPUs were freed (None: no GPUs)."""
+    for role in SERVER_ROLES:
+        try:
+            used = gpu_memory_used(transports[role])
+        except Exception as e:
+            log.warning("could not read GPU memory on %s after teardown: %s", role, e)
+            continue
+        if used is not None:
+            tracker.log_provenance(role, {"gpu_memory_used_after_teardown_mib": used})
+
+
+def collect_logs(deployment: Deployment, out_dir: Path, tracker: Tracker) -> None:
+    """Fetch every role's log of this arm into the job dir, attach them, parse the decode log."""
+    logs_dir = out_dir / "server_logs"
+    logs_dir.mkdir(exist_ok=True)
+    for role, transport in deployment.transports.items():
+        try:
+            text = transport.read_file(deployment.paths(role).log).decode(errors="replace")
+        except (FileNotFoundError, OSError) as e:
+            log.warning("no %s log to fetch: %s", role, e)
+            continue
+        text = redact_text(text, deployment.plan.roles[role].secrets)
+        target = logs_dir / f"{role}.log"
+        target.write_text(text)
+        tracker.log_artifact(target, "server_logs")
+        if role == "decode":
+            tracker.log_facts(parse_decode_log(text))

@@ -1,0 +1,62 @@
+"""The factors that exist: every `factor/<name>/<level>` on the config search path (reads Hydra's state
+and the disk; used for messages and validation, never by the planner).
+
+The shipped conf/ is always on the path; a job adds user folders with `hydra.searchpath=[file:///dir]`
+or `pkg://package`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+SHIPPED_CONF = Path(__file__).resolve().parent / "conf"
+
+
+def discover_factor_levels(searchpath: Sequence[str] = ()) -> dict[str, list[str]]:
+    """{factor: [levels]} from Hydra's config search path (plus a job's `hydra.searchpath`) when Hydra is
+    initialised, else from the shipped conf/factor and the given search path folders."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    if GlobalHydra.instance().is_initialized():
+        loader = GlobalHydra.instance().config_loader()
+        # the job's own search path entries (user factor folders) are not in the loader's base path
+        overrides = (
+            ["hydra.searchpath=[" + ",".join(repr(str(p)) for p in searchpath) + "]"] if searchpath else []
+        )
+        groups = loader.get_group_options("factor", results_filter=ObjectType.GROUP, overrides=overrides)
+        return {
+            g: sorted(loader.get_group_options(f"factor/{g}", overrides=overrides)) for g in sorted(groups)
+        }
+    found: dict[str, set[str]] = {}
+    for root in search_roots(searchpath):
+        for folder in sorted((root / "factor").glob("*")):
+            if folder.is_dir():
+                found.setdefault(folder.name, set()).update(p.stem for p in folder.glob("*.yaml"))
+    return {name: sorted(levels) for name, levels in sorted(found.items())}
+
+
+def search_roots(searchpath: Sequence[str] = ()) -> list[Path]:
+    """The folders of the shipped conf/ and of each `file://` or `pkg://` search path entry that exists."""
+    roots = [SHIPPED_CONF]
+    for entry in searchpath:
+        entry = str(entry)
+        if entry.startswith("file://"):
+            roots.append(Path(entry.removeprefix("file://")))
+        elif entry.startswith("pkg://"):
+            spec = importlib.util.find_spec(entry.removeprefix("pkg://"))
+            if spec is not None and spec.submodule_search_locations:
+                roots += [Path(p) for p in spec.submodule_search_locations]
+    return [root for root in roots if root.is_dir()]
+
+
+def level_source(factor: str, option: str, searchpath: Sequence[str] = ()) -> str:
+    """The file a factor level comes from (the first match on the path, as in Hydra), for messages."""
+    matches = [
+        root / "factor" / factor / f"{option}.yaml"
+        for root in search_roots(searchpath)
+        if (root / "factor" / factor / f"{option}.yaml").is_file()
+    ]
+    return str(matches[0]) if matches else f"factor/{factor}={option}"

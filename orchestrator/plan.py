@@ -1,0 +1,253 @@
+"""Arm planning (pure): a typed job -> the exact launch of every role, where each setting came from, and a
+signature. The only code that reads factor levels.
+
+An arm is one assignment of levels to factors. Each selected `factor/<name>/<level>.yaml` adds env vars
+and flags to some roles on top of the deployment's; the cluster adds the flags that place each role on
+its host and wire PD together. Every env var and flag of a role plan records its origin (`deployment`,
+`cluster`, or `factor.<name>=<level>`), so errors and reports can say which file to change.
+
+The arm signature hashes the effective env and flags per role (not hosts or ports), so the same arm run
+twice, or on another port, pools together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.redact import is_secret_name
+from orchestrator.schema import (
+    ROLES,
+    BenchConf,
+    ClusterHosts,
+    HostConf,
+    JobConf,
+    RoleLaunch,
+    SelectedLevel,
+    StressConf,
+)
+
+SIGNATURE_LENGTH = 12
+DEPLOYMENT = "deployment"
+CLUSTER = "cluster"
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """Everything one role of an arm needs to start, be checked, be gated and be reported."""
+
+    role: str
+    host: HostConf
+    env: dict[str, str]
+    # effective flags (deployment + factors), in a stable order; host/port flags are not in here
+    flags: dict[str, Any]
+    # the full command line, host/port flags included
+    argv: list[str]
+    health_url: str
+    startup_timeout_s: float = 600.0
+    flag_parser: str | None = None
+    preflight_module: str | None = None
+    # "env NAME" / "flag --name" -> deployment | cluster | factor.<name>=<level>
+    origin: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """The env vars whose names look like credentials: redacted wherever they could show."""
+        return {name: value for name, value in self.env.items() if is_secret_name(name)}
+
+    def origin_of(self, kind: str, name: str) -> str | None:
+        """Where `env NAME` or `flag --name` was set (None: not set on this role)."""
+        return self.origin.get(f"{kind} {name}")
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """One arm, ready to run: what is deployed (roles), how it is measured (workload, bench)."""
+
+    factors: dict[str, str]
+    roles: dict[str, RolePlan]
+    signature: str
+    router_url: str = ""
+    model_path: str = ""
+    served_model: str = ""
+    stop_grace_s: float = 20.0
+    warmup: bool = True
+    workload: StressConf = field(default_factory=StressConf)
+    bench: BenchConf = field(default_factory=BenchConf)
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        return {name: value for role in self.roles.values() for name, value in role.secrets.items()}
+
+
+@dataclass(frozen=True)
+class RoleMerge:
+    """A role's env and flags after the factor levels are applied, with origins and conflicts."""
+
+    env: dict[str, str]
+    flags: dict[str, Any]
+    origin: dict[str, str]
+    problems: list[str]
+
+
+def factor_origin(selected: SelectedLevel) -> str:
+    return f"factor.{selected.factor}={selected.option}"
+
+
+def config_key(origin: str, role: str, kind: str) -> str:
+    """The config key an origin stands for, as messages name it ("factor.capture (level eager).roles
+    .decode.flags", "deployment.roles.decode.env", "cluster.hosts.decode")."""
+    if origin.startswith("factor."):
+        name, _, level = origin.removeprefix("factor.").partition("=")
+        return f"factor.{name} (level {level}).roles.{role}.{kind}"
+    if origin == CLUSTER:
+        return f"cluster.hosts.{role}"
+    return f"deployment.roles.{role}.{kind}"
+
+
+def merge_role(role: str, launch: RoleLaunch, factors: Mapping[str, SelectedLevel]) -> RoleMerge:
+    """The deployment's env/flags of `role` with every factor level's additions for that role.
+
+    A factor may override the deployment's value; two factors setting the same name differently is a
+    conflict, since the arm would then depend on the order factors happen to be applied in."""
+    env = {str(k): str(v) for k, v in launch.env.items()}
+    flags = dict(launch.flags)
+    origin = {f"env {name}": DEPLOYMENT for name in env} | {f"flag {name}": DEPLOYMENT for name in flags}
+    set_by: dict[str, tuple[str, Any]] = {}
+    problems = []
+    for name in sorted(factors):
+        delta = getattr(factors[name].value.roles, role)
+        for kind, additions, target in (("env", delta.env, env), ("flag", delta.flags, flags)):
+            for key, value in additions.items():
+                value = str(value) if kind == "env" else value
+                where = f"{kind} {key}"
+                if where in set_by and set_by[where][1] != value:
+                    other, first = set_by[where]
+                    problems.append(
+                        f"factor.{name} and factor.{other} both set {role} "
+                        f"{'env' if kind == 'env' else 'flags'} {key} ({value!r} vs {first!r})"
+                    )
+                set_by[where] = (name, value)
+                target[key] = value
+                origin[where] = factor_origin(factors[name])
+    return RoleMerge(env, flags, origin, problems)
+
+
+def flag_words(flags: Mapping[str, Any]) -> list[str]:
+    """argv words for a flags mapping: null -> switch, scalar -> one value, list -> several."""
+    words: list[str] = []
+    for name, value in flags.items():
+        words.append(name)
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            words.extend(str(v) for v in value)
+        else:
+            words.append(str(value))
+    return words
+
+
+def signature(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]], model_path: str) -> str:
+    """A stable short hash of the effective env and flags per role, independent of key order."""
+    canonical = {
+        "model_path": model_path,
+        "roles": {
+            role: {"env": dict(sorted(env.items())), "flags": dict(sorted(flags.items()))}
+            for role, (env, flags) in sorted(roles.items())
+        },
+    }
+    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:SIGNATURE_LENGTH]
+
+
+def topology_flags(role: str, hosts: ClusterHosts, model_path: str) -> dict[str, Any]:
+    """The flags that place a role on its host and wire PD together (derived from the cluster)."""
+    prefill_url = f"http://{hosts.prefill.url_host}:{hosts.prefill.port}"
+    decode_url = f"http://{hosts.decode.url_host}:{hosts.decode.port}"
+    if role == "router":
+        flags: dict[str, Any] = {
+            "--pd-disaggregation": None,
+            "--prefill": [prefill_url, str(hosts.prefill.bootstrap_port)],
+            "--decode": decode_url,
+            "--host": hosts.router.bind,
+            "--port": str(hosts.router.port),
+        }
+        if hosts.router.metrics_port is not None:
+            flags["--prometheus-host"] = hosts.router.bind
+            flags["--prometheus-port"] = str(hosts.router.metrics_port)
+        return flags
+    host: HostConf = getattr(hosts, role)
+    flags = {
+        "--model-path": model_path,
+        "--disaggregation-mode": role,
+        "--host": host.bind,
+        "--port": str(host.port),
+    }
+    if role == "prefill":
+        flags["--disaggregation-bootstrap-port"] = str(hosts.prefill.bootstrap_port)
+    return flags
+
+
+def _launch_prefix(launch: RoleLaunch, python: str) -> list[str]:
+    if launch.command:
+        return [str(w) for w in launch.command]
+    return [python, "-m", str(launch.module)]
+
+
+def arm_problems(job: JobConf) -> list[str]:
+    """What keeps `job` from being planned: conflicting factor levels, flags that the cluster sets."""
+    problems = []
+    for role in ROLES:
+        launch: RoleLaunch = getattr(job.deployment.roles, role)
+        merged = merge_role(role, launch, job.factors)
+        problems += merged.problems
+        topology = topology_flags(role, job.cluster.hosts, job.deployment.model_path)
+        clash = sorted(set(topology) & set(merged.flags))
+        if clash:
+            where = sorted({config_key(merged.origin[f"flag {f}"], role, "flags") for f in clash})
+            problems.append(f"{', '.join(where)}: {clash} are set from cluster.hosts; remove them")
+    return problems
+
+
+def plan_arm(job: JobConf) -> ArmPlan:
+    """The arm this job describes. Pure. The job must be valid (`config.load_job` checks it)."""
+    problems = arm_problems(job)
+    if problems:
+        raise ValueError("the job cannot be planned: " + "; ".join(problems))
+    hosts, deployment = job.cluster.hosts, job.deployment
+    effective: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
+    roles: dict[str, RolePlan] = {}
+    for role in ROLES:
+        launch: RoleLaunch = getattr(deployment.roles, role)
+        host: HostConf = getattr(hosts, role)
+        merged = merge_role(role, launch, job.factors)
+        effective[role] = (merged.env, merged.flags)
+        topology = topology_flags(role, hosts, deployment.model_path)
+        origin = {f"flag {name}": CLUSTER for name in topology} | merged.origin
+        roles[role] = RolePlan(
+            role=role,
+            host=host,
+            env=merged.env,
+            flags=merged.flags,
+            argv=_launch_prefix(launch, host.python) + flag_words(topology) + flag_words(merged.flags),
+            health_url=f"http://{host.url_host}:{host.port}{launch.health_path}",
+            startup_timeout_s=float(launch.startup_timeout_s),
+            flag_parser=launch.flag_parser,
+            preflight_module=launch.preflight_module,
+            origin=origin,
+        )
+    return ArmPlan(
+        factors={name: sel.option for name, sel in sorted(job.factors.items())},
+        roles=roles,
+        signature=signature(effective, deployment.model_path),
+        router_url=f"http://{hosts.router.url_host}:{hosts.router.port}",
+        model_path=deployment.model_path,
+        served_model=deployment.served_model,
+        stop_grace_s=float(deployment.stop_grace_s),
+        warmup=bool(deployment.warmup),
+        workload=job.workload,
+        bench=job.bench,
+    )

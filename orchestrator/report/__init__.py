@@ -1,0 +1,347 @@
+"""The study report: report.json's facts rendered as markdown (pure), then written with the plots.
+
+`render_markdown(report)` turns the dict that `analysis.analyse` returns into a report that reads like a
+resolved bug report: the headline verdict, the hypothesis table, the arm table, the throughput table,
+the failed and partial runs, the configuration to deploy and the commands that reproduce it.
+The pipeline from MLflow (`callbacks.build_report`, used at the end of a multirun and by this package's
+CLI) lets the report be rebuilt from the tracking store alone:
+
+    python -m orchestrator.report --tracking-uri sqlite:///mlruns.db --study dsv4_corruption --out reports
+
+report.json holds no timestamps and is written with sorted keys: the same MLflow content gives the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.shell import command_line
+
+log = logging.getLogger(__name__)
+
+# start order of a PD deployment, for the deploy commands
+ROLE_ORDER = ("prefill", "decode", "router")
+VERDICT_MARK = {
+    "implicated": "**implicated**",
+    "partial": "partial",
+    "exonerated": "exonerated",
+    "inconclusive": "inconclusive",
+}
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def interval(ci: Sequence[float | None] | None, digits: int = 1, signed: bool = False) -> str:
+    if not ci or ci[0] is None or ci[1] is None:
+        return "–"
+    if signed:
+        return f"[{ci[0] * 100:+.{digits}f}, {ci[1] * 100:+.{digits}f}] pp"
+    return f"[{pct(ci[0], digits)}, {pct(ci[1], digits)}]"
+
+
+def pval(p: float | None) -> str:
+    if p is None:
+        return "–"
+    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
+
+
+def num(x: float | None, fmt: str = ".0f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+        *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows),
+        "",
+    ]
+
+
+def launch_command(role_config: dict[str, Any]) -> str:
+    """`env NAME=value ... argv` for one role (values already redacted)."""
+    return command_line(shlex.split(role_config.get("argv") or ""), role_config.get("env") or {})
+
+
+def reproduce_commands(report: dict[str, Any], tracking_uri: str | None) -> list[str]:
+    study = report["study"]["name"]
+    overrides = report["context"].get("overrides") or []
+    uri = tracking_uri or "<tracking uri>"
+    return [
+        "# the study (resume=true skips arms that already have a FINISHED run)",
+        "python -m orchestrator -m" + ("" if not overrides else " " + shlex.join(overrides)),
+        "# this report, from MLflow alone",
+        f"python -m orchestrator.report --tracking-uri {shlex.quote(uri)} --study {shlex.quote(study)} "
+        "--out reports",
+        "# the runs, side by side",
+        f"mlflow ui --backend-store-uri {shlex.quote(uri)}",
+    ]
+
+
+# --- sections: each takes report.json's dict and returns its markdown lines ---------------------------
+
+
+def title_section(report: dict[str, Any]) -> list[str]:
+    study = report["study"]
+    conf = f"{report['confidence']:.0%}"
+    out = [f"# {study['name']}: {report['headline']}", ""]
+    if study.get("description"):
+        out += [f"> {study['description'].strip()}", ""]
+    base_desc = ", ".join(f"{k}={v}" for k, v in sorted(study["baseline"].items()))
+    family = len(report["hypotheses"])
+    out += [
+        f"Baseline arm: `{base_desc}`. Test: {study['test']} (two-sided), Holm across {family} "
+        f"hypothes{'i' if family == 1 else 'e'}s at alpha {study['alpha']}; implicated needs the changed "
+        f"arm's upper bound under {pct(study['ceiling'])}; exonerated needs the difference's {conf} "
+        f"interval within ±{pct(study['min_effect'])}.",
+        "",
+    ]
+    if report["context"].get("parent_run_id"):
+        out += [f"MLflow parent run: `{report['context']['parent_run_id']}`", ""]
+    return out
+
+
+def hypotheses_section(report: dict[str, Any]) -> list[str]:
+    conf = f"{report['confidence']:.0%}"
+    head = [
+        "hypothesis",
+        "change",
+        "baseline",
+        "changed arm",
+        f"difference ({conf} Newcombe)",
+        "p",
+        "p (Holm)",
+        "verdict",
+        "why",
+    ]
+    rows = [
+        [
+            f"{h['id']}: {h['statement']}",
+            f"{h['factor']}: {h['baseline_level']} → {h['treatment_level']}",
+            f"{h['baseline_counts'][0]}/{h['baseline_counts'][1]}",
+            f"{h['treatment_counts'][0]}/{h['treatment_counts'][1]}",
+            interval(h["diff_ci"], signed=True),
+            pval(h["p"]),
+            pval(h["p_holm"]),
+            VERDICT_MARK[h["verdict"]],
+            h["note"],
+        ]
+        for h in report["hypotheses"]
+    ]
+    return ["## Hypotheses", "", *_table(head, rows)]
+
+
+def _batches(facts: dict[str, float]) -> str:
+    if "capture_batches" not in facts and "eager_batches" not in facts:
+        return "–"
+    return f"{int(facts.get('capture_batches', 0))}/{int(facts.get('eager_batches', 0))}"
+
+
+def arms_section(report: dict[str, Any]) -> list[str]:
+    conf = f"{report['confidence']:.0%}"
+    head = [
+        "arm",
+        "signature",
+        "runs used",
+        "corrupted/n",
+        "rate",
+        f"{conf} CI",
+        "errored",
+        "captured/eager batches",
+        "note",
+    ]
+    rows = [
+        [
+            a["label"],
+            f"`{a['signature']}`",
+            f"{sum(r['used'] for r in a['runs'])}/{len(a['runs'])}",
+            f"{a['corrupted']}/{a['n']}",
+            pct(a["rate"]),
+            interval(a["ci"]),
+            a["errored"],
+            _batches(a["facts"]),
+            "partial" if a["partial"] else "",
+        ]
+        for a in report["arms"]
+    ]
+    return [
+        "## Arms",
+        "",
+        f"Corruption counts pool every run of an arm (same signature); errored sessions are "
+        f"counted apart and are not in n. Intervals: {conf} Clopper-Pearson.",
+        "",
+        *_table(head, rows),
+    ]
+
+
+def _throughput_rows(levels: list[dict[str, Any]], base_tok: dict[int, Any], arm_tok: dict[int, Any]) -> list:
+    rows = []
+    for lv in levels:
+        arm = arm_tok[lv["concurrency"]]
+        rows.append(
+            [
+                lv["concurrency"],
+                num(base_tok.get(lv["concurrency"])),
+                num(arm["tok_s"]),
+                num(lv["ratio"], ".3f"),
+                "–" if lv["ci"][0] is None else f"[{lv['ci'][0]:.3f}, {lv['ci'][1]:.3f}]",
+                f"{num(arm['ttft_p50_s'], '.3f')}/{num(arm['ttft_p99_s'], '.3f')}",
+                f"{num(_ms(arm['itl_p50_s']), '.1f')}/{num(_ms(arm['itl_p99_s']), '.1f')}",
+                arm["errors"],
+                "yes" if lv["clears_floor"] else "no",
+            ]
+        )
+    return rows
+
+
+def throughput_section(report: dict[str, Any]) -> list[str]:
+    study = report["study"]
+    conf = f"{report['confidence']:.0%}"
+    out = ["## Throughput", ""]
+    base_arm = next((a for a in report["arms"] if a["label"] == "baseline"), None)
+    base_tok = {lv["concurrency"]: lv["tok_s"] for lv in base_arm["throughput"]} if base_arm else {}
+    if not report["throughput"]:
+        out += ["No throughput comparison (no baseline or no bench data).", ""]
+    head = [
+        "C",
+        "baseline tok/s",
+        "arm tok/s",
+        "ratio",
+        f"{conf} CI",
+        "TTFT p50/p99 s",
+        "ITL p50/p99 ms",
+        "errors",
+        "clears floor",
+    ]
+    for t in report["throughput"]:
+        arm = next(a for a in report["arms"] if a["signature"] == t["arm"])
+        arm_tok = {lv["concurrency"]: lv for lv in arm["throughput"]}
+        out += [
+            f"**{t['label']}** vs baseline: {t['verdict']} (floor {pct(study['throughput_floor'], 0)} of "
+            f"baseline, lower bound of a {conf} bootstrap interval).",
+            "",
+            *_table(head, _throughput_rows(t["levels"], base_tok, arm_tok)),
+        ]
+    return out
+
+
+def problem_runs_section(report: dict[str, Any]) -> list[str]:
+    out = ["## Failed and partial runs", ""]
+    if not report["problem_runs"]:
+        return [*out, "None: every run finished.", ""]
+    head = [
+        "arm",
+        "repetition",
+        "status",
+        "outcomes",
+        "counted",
+        "sessions (corrupted/clean/errored of planned)",
+        "why",
+    ]
+    rows = [
+        [
+            p["arm"],
+            p["repetition"],
+            p["status"],
+            p["outcomes"],
+            "yes (partial)" if p["used"] else "no",
+            f"{p['corrupted']}/{p['clean']}/{p['errored']} of {p['planned']}",
+            p["reason"] or "–",
+        ]
+        for p in report["problem_runs"]
+    ]
+    return [*out, *_table(head, rows)]
+
+
+def _ordered_roles(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    order = {role: i for i, role in enumerate(ROLE_ORDER)}
+    return sorted(config.items(), key=lambda item: (order.get(item[0], 99), item[0]))
+
+
+def origin_table(config: dict[str, Any]) -> list[str]:
+    """Per role, every env var and flag of a configuration and what set it (a factor level, the
+    deployment, or the cluster's topology)."""
+    rows = []
+    for role, rc in _ordered_roles(config):
+        for key, source in sorted((rc.get("origin") or {}).items()):
+            kind, _, name = key.partition(" ")
+            value = rc.get("env", {}).get(name, "") if kind == "env" else ""
+            rows.append([role, kind, f"`{name}`" + (f" = `{value}`" if value else ""), source])
+    if not rows:
+        return []
+    return ["Where each setting comes from:", "", *_table(["role", "kind", "setting", "set by"], rows)]
+
+
+def deploy_section(report: dict[str, Any]) -> list[str]:
+    out = ["## Configuration to deploy", ""]
+    deploy = report["deploy"]
+    if deploy is None:
+        return [*out, "No arm removed the corruption under the ceiling; nothing to deploy yet.", ""]
+    levels = ", ".join(f"{k}={v}" for k, v in sorted(deploy["factors"].items()))
+    out += [
+        f"Arm `{deploy['label']}` (signature `{deploy['arm']}`, {deploy['hypothesis']}; throughput: "
+        f"{deploy['throughput_verdict']}). Factor levels: `{levels}`. Secret values are shown as ***.",
+        "",
+        "```sh",
+    ]
+    for role, rc in _ordered_roles(deploy["config"]):
+        out += [f"# {role}", launch_command(rc)]
+    return [*out, "```", "", *origin_table(deploy["config"])]
+
+
+def reproduce_section(report: dict[str, Any], tracking_uri: str | None) -> list[str]:
+    return ["## Reproduce", "", "```sh", *reproduce_commands(report, tracking_uri), "```", ""]
+
+
+def render_markdown(report: dict[str, Any], tracking_uri: str | None = None) -> str:
+    """The markdown report for report.json's dict. Pure."""
+    sections = [
+        title_section(report),
+        hypotheses_section(report),
+        arms_section(report),
+        throughput_section(report),
+        problem_runs_section(report),
+        deploy_section(report),
+        reproduce_section(report, tracking_uri),
+    ]
+    return "\n".join(line for section in sections for line in section)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1000
+
+
+def dumps(report: dict[str, Any]) -> str:
+    """report.json's exact text: sorted keys, fixed indentation, a final newline."""
+    return json.dumps(report, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_report(
+    report: dict[str, Any], out_dir: Path, plots: bool = True, tracking_uri: str | None = None
+) -> list[Path]:
+    """Write reports/<study>/report.md, report.json and the PNGs; returns the paths, report.md first."""
+    target = Path(out_dir) / report["study"]["name"]
+    target.mkdir(parents=True, exist_ok=True)
+    md, js = target / "report.md", target / "report.json"
+    md.write_text(render_markdown(report, tracking_uri))
+    js.write_text(dumps(report))
+    paths = [md, js]
+    if plots:
+        from orchestrator.plots import corruption_plot, throughput_plot
+
+        if any(a["n"] for a in report["arms"]):
+            paths.append(corruption_plot(report, target / "corruption.png"))
+        if any(a["throughput"] for a in report["arms"]):
+            paths.append(throughput_plot(report, target / "throughput.png"))
+    return paths

@@ -1,0 +1,37 @@
+"""`python -m orchestrator.report`: rebuild a study's report from the MLflow store alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.callbacks import build_report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.report", description="Rebuild a study's report from MLflow alone."
+    )
+    parser.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI")
+    parser.add_argument("--study", required=True, help="the study name (= the MLflow experiment)")
+    parser.add_argument("--out", default="reports", help="reports directory; the report goes to OUT/STUDY/")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        paths = build_report(args.tracking_uri, args.study, Path(args.out), plots=not args.no_plots)
+    except LookupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.loads(paths[1].read_text())["headline"])
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

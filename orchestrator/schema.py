@@ -1,0 +1,266 @@
+"""The typed values of a study: one dataclass per config node, and nothing else.
+
+Hydra composes the YAML under conf/ against these (config.py registers them in its ConfigStore, so a
+misspelled key or a wrong type is refused at compose time), and `config.load_job` turns the composed
+config into these values, once. Everything downstream (the planner, the deployment, preflight, tracking,
+the analysis, the report) takes these values or the `ArmPlan` built from them, never a `DictConfig`.
+This module imports neither Hydra nor OmegaConf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# OmegaConf's marker for a mandatory value (the same string, so this module needs no omegaconf import)
+MISSING: Any = "???"
+
+ROLES = ("prefill", "decode", "router")
+# the roles that run an inference server (the router only routes)
+SERVER_ROLES = ("prefill", "decode")
+
+
+@dataclass
+class SSHConf:
+    # login user; default: from ~/.ssh/config, else the local user
+    user: str | None = None
+    # default: from ~/.ssh/config, else 22
+    port: int | None = None
+    # private key; default: from ~/.ssh/config, else the agent and ~/.ssh/id_*
+    key_file: str | None = None
+    # bastion as in ssh -J (user@host:port); default: ProxyJump from ~/.ssh/config
+    proxy_jump: str | None = None
+    config_file: str = "~/.ssh/config"
+    known_hosts: str = "~/.ssh/known_hosts"
+    # reject: unknown or changed host keys are refused. accept-new: trust a host seen for the first time.
+    host_key_policy: str = "reject"
+    connect_timeout_s: float = 10.0
+    keepalive_s: float = 15.0
+
+
+@dataclass
+class HostConf:
+    # local: this machine through `sh -c`; ssh: over paramiko
+    transport: str = "local"
+    # hostname, IP, or an alias from ~/.ssh/config
+    address: str = "127.0.0.1"
+    # the HTTP port of the role's server (router: the port clients use)
+    port: int = MISSING
+    # prefill only: the PD bootstrap port decode pulls the hand-off from
+    bootstrap_port: int | None = None
+    # router only: its Prometheus port (sglang-router's default 29000 clashes when routers share a host)
+    metrics_port: int | None = None
+    # pid files and logs of the servers this tool starts live here, per study
+    work_dir: str = MISSING
+    # the address servers bind to on that host (0.0.0.0 to serve other hosts)
+    bind: str = "127.0.0.1"
+    # the address other hosts (the router, the client) use for this host's servers; default: address
+    advertise: str | None = None
+    # the interpreter that runs `python -m <module>` on that host
+    python: str = "python"
+    # the server's source checkout, for provenance (git SHA, dirty state); optional
+    server_checkout: str | None = None
+    ssh: SSHConf = field(default_factory=SSHConf)
+
+    @property
+    def url_host(self) -> str:
+        """The address other hosts reach this host's servers at."""
+        return self.advertise or self.address
+
+    def ports(self) -> dict[str, int]:
+        """Every port a server of this host listens on, by its config key."""
+        named = {"port": self.port, "bootstrap_port": self.bootstrap_port, "metrics_port": self.metrics_port}
+        return {key: int(port) for key, port in named.items() if port is not None}
+
+
+@dataclass
+class ClusterHosts:
+    prefill: HostConf = MISSING
+    decode: HostConf = MISSING
+    router: HostConf = MISSING
+
+
+@dataclass
+class ClusterConf:
+    name: str = MISSING
+    hosts: ClusterHosts = field(default_factory=ClusterHosts)
+
+
+@dataclass
+class RoleLaunch:
+    # `python -m <module>`; leave null and set `command` for a launcher script
+    module: str | None = None
+    # argv prefix used instead of `python -m module`, e.g. ["/opt/serve/launch.sh"]
+    command: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # flag -> value: null for a switch, a scalar for one argument, a list for several
+    flags: dict[str, Any] = field(default_factory=dict)
+    health_path: str = "/health"
+    startup_timeout_s: float = 600.0
+    # "module:function" returning the argparse parser the host checks flags with before a restart;
+    # null: the host's own sglang ServerArgs parser (skipped where the host has no sglang)
+    flag_parser: str | None = None
+    # `python -m MODULE` run on the host with the role's env before any restart (a site check, a config
+    # file check); a non-zero exit refuses the arm with the command's output
+    preflight_module: str | None = None
+
+
+@dataclass
+class DeploymentRoles:
+    prefill: RoleLaunch = field(default_factory=RoleLaunch)
+    decode: RoleLaunch = field(default_factory=RoleLaunch)
+    router: RoleLaunch = field(default_factory=RoleLaunch)
+
+
+@dataclass
+class DeploymentConf:
+    name: str = MISSING
+    model_path: str = MISSING
+    # served model name clients send in requests
+    served_model: str = MISSING
+    roles: DeploymentRoles = field(default_factory=DeploymentRoles)
+    # seconds between TERM and KILL when stopping a server's process group
+    stop_grace_s: float = 20.0
+    # one chat request through the router after the health gate
+    warmup: bool = True
+
+
+@dataclass
+class RoleDelta:
+    """What one factor level adds to one role: env vars and flags (null flag value: a switch)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FactorRoles:
+    prefill: RoleDelta = field(default_factory=RoleDelta)
+    decode: RoleDelta = field(default_factory=RoleDelta)
+    router: RoleDelta = field(default_factory=RoleDelta)
+
+
+@dataclass
+class FactorLevel:
+    """One option of a `factor/<name>` config group: `conf/factor/<name>/<level>.yaml`."""
+
+    # must equal the file name (the option Hydra selected), so the arm's recorded level is what ran
+    level: str = MISSING
+    # one line for people (reports, --help of a study)
+    description: str = ""
+    roles: FactorRoles = field(default_factory=FactorRoles)
+
+
+@dataclass
+class Hypothesis:
+    id: str = MISSING
+    factor: str = MISSING
+    statement: str = MISSING
+    # the level in the baseline arm, and the level of the arm that differs only in this factor
+    baseline: str = MISSING
+    treatment: str = MISSING
+
+
+@dataclass
+class StudyConf:
+    name: str = MISSING
+    description: str = ""
+    # factor -> level of the baseline arm
+    baseline: dict[str, str] = field(default_factory=dict)
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    alpha: float = 0.05
+    test: str = "fisher"
+    # the smallest corruption-rate difference worth acting on; "exonerated" needs the CI to exclude it
+    min_effect: float = 0.05
+    # "implicated" needs the treatment arm's upper confidence bound below this rate
+    ceiling: float = 0.03
+    # "no regression" needs the lower bound of every tok/s ratio above this fraction of baseline
+    throughput_floor: float = 0.95
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StudyConf:
+        """From study.json (or any plain mapping): unknown keys are ignored, missing ones take defaults."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["name"] = str(data["name"])
+        values["description"] = str(data.get("description") or "")
+        values["baseline"] = {str(k): str(v) for k, v in (data.get("baseline") or {}).items()}
+        values["hypotheses"] = [
+            Hypothesis(**{k: str(h[k]) for k in ("id", "factor", "statement", "baseline", "treatment")})
+            for h in data.get("hypotheses") or []
+        ]
+        for key in ("alpha", "min_effect", "ceiling", "throughput_floor"):
+            if key in values:
+                values[key] = float(values[key])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StressConf:
+    sessions: int = 60
+    rounds: int = 4
+    # concurrent sessions; null = all sessions at once
+    concurrency: int | None = None
+    seed: int = 0
+    timeout_s: float = 120.0
+    # the "lost the plot" detector: a valid call that is not the task's expected call
+    check_plan: bool = True
+
+
+@dataclass
+class BenchConf:
+    enabled: bool = True
+    concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 64])
+    # closed loop: this many requests per level (multiplied by the level's concurrency)
+    requests_per_worker: int = 4
+    input_len: int = 512
+    output_len: int = 128
+    warmup_requests: int = 2
+    timeout_s: float = 120.0
+
+
+@dataclass
+class TrackingConf:
+    # any MLflow tracking URI; default: a sqlite file in the working directory
+    uri: str = "sqlite:///mlruns.db"
+    # where artifacts go for a new experiment (null: MLflow's default next to the store)
+    artifact_location: str | None = None
+
+
+@dataclass
+class ReportConf:
+    dir: str = "reports"
+    plots: bool = True
+
+
+@dataclass(frozen=True)
+class SelectedLevel:
+    """A factor level as one job selected it: the typed level, and the file it came from."""
+
+    factor: str
+    option: str  # the config group option Hydra selected (the file name without .yaml)
+    source: str  # where it came from, for messages: the file path, or `factor/<name>=<option>`
+    value: FactorLevel
+
+
+@dataclass(frozen=True)
+class JobConf:
+    """One job of a sweep, as typed values: one arm x one repetition, and where it is recorded."""
+
+    cluster: ClusterConf
+    deployment: DeploymentConf
+    factors: dict[str, SelectedLevel]
+    study: StudyConf
+    workload: StressConf
+    bench: BenchConf
+    tracking: TrackingConf
+    report: ReportConf
+    repetition: int = 0
+    resume: bool = False
+    parent_run_id: str | None = None
+    # the sweep's directory (where the parent run id is left for the jobs), when run by Hydra
+    sweep_dir: str | None = None

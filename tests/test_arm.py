@@ -1,0 +1,64 @@
+"""One arm as plain functions: `prepare` (pure) and `run_arm` called directly with a local transport and a
+real sqlite MLflow tracker under tmp_path, against the embedded default (real sim servers behind the real
+sglang-router). No Hydra app, no orchestrator subprocess."""
+
+from __future__ import annotations
+
+import socket
+
+from mlflow.tracking import MlflowClient
+
+from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
+from orchestrator.config import load_job
+from orchestrator.remote.local import LocalTransport
+from orchestrator.tracking import ArmTracker
+
+SMALL = ("workload.sessions=6", "workload.rounds=2", "bench.enabled=false")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_prepare_plans_the_arm_and_skips_it_only_on_resume_of_a_finished_run(compose_cfg):
+    job = load_job(compose_cfg("factor/multi_stream=off", "repetition=2"))
+    start = prepare(job, finished=set())
+    assert isinstance(start, ArmStart) and start.label == "multi_stream=off" and start.repetition == 2
+    assert start.run_label == f"quick-{start.plan.signature}-r2"
+    done = {(start.plan.signature, 2)}
+    assert isinstance(prepare(job, done), ArmStart)  # no resume: a finished run does not skip
+    resumed = load_job(compose_cfg("factor/multi_stream=off", "repetition=2", "resume=true"))
+    skip = prepare(resumed, done)
+    assert isinstance(skip, ArmSkip) and skip.summary()["status"] == "SKIPPED"
+    assert isinstance(prepare(resumed, {(start.plan.signature, 1)}), ArmStart)
+
+
+def test_run_arm_runs_a_whole_arm_with_a_local_transport_and_a_sqlite_tracker(compose_cfg, tmp_path):
+    job = load_job(compose_cfg("factor/multi_stream=on", *SMALL))
+    start = prepare(job, finished=set())
+    assert isinstance(start, ArmStart)
+    transports = {role: LocalTransport() for role in start.plan.roles}
+    tracker = ArmTracker.start(job.tracking, job.study, start.plan, start.repetition, None)
+    events: list[str] = []
+
+    summary = run_arm(start, transports, tracker, StressThenBench(0), tmp_path / "job", events.append)
+
+    assert summary["status"] == "FINISHED" and summary["run_id"] == tracker.run_id
+    run = MlflowClient(job.tracking.uri).get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    m = run.data.metrics
+    assert m["sessions_clean"] + m["sessions_corrupted"] + m["sessions_errored"] == 6
+    assert m["server_ready"] == 1 and "startup_s.decode" in m
+    assert run.data.params["factor.multi_stream"] == "on"
+    # the origin of each setting travels with the run: the factor level that set the decode env var
+    assert (
+        '"env SGLANG_OPT_USE_MULTI_STREAM_OVERLAP":"factor.multi_stream=on"'
+        in run.data.params["origin.decode"]
+    )
+    assert "starting prefill" in events and any("decode healthy" in e for e in events)
+    # the teardown is complete: no server, no pid file, no port left behind
+    assert (tmp_path / "job" / "server_logs" / "decode.log").is_file()
+    for role, rp in start.plan.roles.items():
+        assert not (tmp_path / role / f"{role}.pid").exists()
+        assert not any(_listening(port) for port in rp.host.ports().values())
