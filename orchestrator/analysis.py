@@ -50,71 +50,14 @@ from typing import Any
 
 from orchestrator import stats
 
+# the study as Hydra composes it and study.json stores it: one definition, in schema.py
+from orchestrator.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-exported for callers
+from orchestrator.schema import StudyConf as StudySpec
+
 VERDICTS = ("implicated", "partial", "exonerated", "inconclusive")
 POWER = 0.8
 N_BOOT = 2000
 BASELINE_LABEL = "baseline"
-
-
-@dataclass(frozen=True)
-class HypothesisSpec:
-    id: str
-    factor: str
-    statement: str
-    baseline: str
-    treatment: str
-
-
-@dataclass(frozen=True)
-class StudySpec:
-    name: str
-    baseline: dict[str, str]
-    hypotheses: tuple[HypothesisSpec, ...] = ()
-    description: str = ""
-    alpha: float = 0.05
-    test: str = "fisher"
-    min_effect: float = 0.5
-    ceiling: float = 0.03
-    throughput_floor: float = 0.95
-    # min_effect is a fraction of the baseline's rate (True) or an absolute rate difference (False)
-    min_effect_relative: bool = True
-    # ICC of sessions within one run assumed when the runs cannot estimate it (one run per arm)
-    assumed_icc: float = 0.0
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StudySpec:
-        hyps = tuple(
-            HypothesisSpec(**{k: str(h[k]) for k in ("id", "factor", "statement", "baseline", "treatment")})
-            for h in data.get("hypotheses", [])
-        )
-        return cls(
-            name=str(data["name"]),
-            baseline={str(k): str(v) for k, v in (data.get("baseline") or {}).items()},
-            hypotheses=hyps,
-            description=str(data.get("description") or ""),
-            alpha=float(data.get("alpha", 0.05)),
-            test=str(data.get("test", "fisher")),
-            min_effect=float(data.get("min_effect", 0.5)),
-            ceiling=float(data.get("ceiling", 0.03)),
-            throughput_floor=float(data.get("throughput_floor", 0.95)),
-            min_effect_relative=bool(data.get("min_effect_relative", True)),
-            assumed_icc=float(data.get("assumed_icc", 0.0)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "baseline": dict(self.baseline),
-            "hypotheses": [vars(h).copy() for h in self.hypotheses],
-            "alpha": self.alpha,
-            "test": self.test,
-            "min_effect": self.min_effect,
-            "ceiling": self.ceiling,
-            "throughput_floor": self.throughput_floor,
-            "min_effect_relative": self.min_effect_relative,
-            "assumed_icc": self.assumed_icc,
-        }
 
 
 @dataclass(frozen=True)

@@ -172,11 +172,15 @@ class StudyConf:
     alpha: float = 0.05
     test: str = "fisher"
     # the smallest corruption-rate difference worth acting on; "exonerated" needs the CI to exclude it
-    min_effect: float = 0.05
+    min_effect: float = 0.5
     # "implicated" needs the treatment arm's upper confidence bound below this rate
     ceiling: float = 0.03
     # "no regression" needs the lower bound of every tok/s ratio above this fraction of baseline
     throughput_floor: float = 0.95
+    # min_effect is a fraction of the baseline's rate (True) or an absolute rate difference (False)
+    min_effect_relative: bool = True
+    # ICC of sessions within one run assumed when the runs cannot estimate it (one run per arm)
+    assumed_icc: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudyConf:
@@ -190,9 +194,11 @@ class StudyConf:
             Hypothesis(**{k: str(h[k]) for k in ("id", "factor", "statement", "baseline", "treatment")})
             for h in data.get("hypotheses") or []
         ]
-        for key in ("alpha", "min_effect", "ceiling", "throughput_floor"):
+        for key in ("alpha", "min_effect", "ceiling", "throughput_floor", "assumed_icc"):
             if key in values:
                 values[key] = float(values[key])
+        if "min_effect_relative" in values:
+            values["min_effect_relative"] = bool(values["min_effect_relative"])
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,18 +14,22 @@ SHIPPED_FACTORS = {
     "hicache": ["off", "on"],
     "index_k": ["bf16", "fp8"],
     "multi_stream": ["off", "on"],
+    # the GPU decode engine's fix (experiments/gpu_race.yaml)
+    "indexer_fix": ["none", "record_stream"],
 }
 
 
-def test_the_four_original_factors_ship_with_their_levels(compose_cfg):
+def test_the_shipped_factors_ship_with_their_levels(compose_cfg):
     compose_cfg()
     assert discover_factor_levels() == SHIPPED_FACTORS
 
 
 @pytest.mark.parametrize("factor", sorted(SHIPPED_FACTORS))
 def test_every_factor_level_composes_validates_and_plans(compose_cfg, factor):
+    # a factor outside the primary config's defaults list is added with `+`
+    add = "" if factor in compose_cfg().factor else "+"
     for level in SHIPPED_FACTORS[factor]:
-        cfg = compose_cfg(f"factor/{factor}={level}")
+        cfg = compose_cfg(f"{add}factor/{factor}={level}")
         load_job(cfg)
         assert plan_of(cfg).factors[factor] == level
 
