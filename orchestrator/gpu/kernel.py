@@ -13,12 +13,11 @@ Each step, for a batch of B token rows `x` [B, HIDDEN] (bf16):
    a fixed-size dispatch workspace (EXPERTS x capacity int32, zeroed: the same bytes whatever B is),
    router logits and top-2 experts, per-expert counts into the workspace, and an MLP.
 
-Nothing here decides an outcome. Whether the workspace lands on k's freed block is the caching
-allocator's choice (it fits only where k's block, B * INDEX_DIM * bytes-per-element, is at least
-WORKSPACE_BYTES, so it depends on the batch bucket and the key dtype); whether the side stream has read
-k before the zeroing kernel overwrites it is the GPU's scheduling. `DecodeStep.step` compares every
-row's indices with a serialized reference (the same ops, one stream, after the step) and reports which
-rows disagree.
+Nothing here decides an outcome. Whether the workspace lands on k's freed block, and on which of its
+rows, is the caching allocator's choice (what it did on an H200 is noted at WORKSPACE_BYTES); whether
+the side stream has read k before the zeroing kernel overwrites it is the GPU's scheduling.
+`DecodeStep.step` compares every row's indices with a serialized reference (the same ops, one stream,
+after the step) and reports which rows disagree.
 
 CUDA graphs: `capture(sizes)` records one graph per batch bucket, largest first, into one shared memory
 pool, as SGLang's CudaGraphRunner does. A batch above the largest bucket runs eager.
@@ -40,10 +39,12 @@ TOP_K = 256
 EXPERTS = 64
 EXPERT_TOP = 2
 FFN = 2048
-# The MoE dispatch workspace: EXPERTS x 80 int32 slots, 20 KiB whatever the batch. k's block is
-# B KiB (bf16) or B/2 KiB (fp8), so only a bf16 batch of 20+ rows can hand it the freed block.
-# orchestrator.gpu.probe sweeps other sizes.
-WORKSPACE_BYTES = 20 * 1024
+# The MoE dispatch workspace: EXPERTS x 8 int32 slots, 2 KiB whatever the batch. What the allocator
+# makes of it was measured, not designed (orchestrator.gpu.probe on an H200, torch 2.11, reports/gpu_race/):
+# the workspace starts at k's address in every bf16 bucket (the freed block coalesces with free space
+# after it), so it overwrites the first workspace/1 KiB rows; with fp8 keys the bf16 projection freed
+# just before k sits first, and k's rows are hit only while B x 1 KiB < workspace (bucket 1 here).
+WORKSPACE_BYTES = 2 * 1024
 
 
 @dataclass(frozen=True)
