@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from orchestrator.remote.local import LocalTransport
+from orchestrator.sim.launch import server_launch
 from orchestrator.workload.client import SSEParser, chat_payload, open_session, stream_chat
 from orchestrator.workload.detect import check_turn
 from orchestrator.workload.stress import StressSettings, run_stress
@@ -39,24 +40,9 @@ def free_port() -> int:
 
 
 def start_sim(transport: LocalTransport, work: Path, extra_args: list[str]) -> tuple[int, str]:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator.sim.server",
-        "--model-path",
-        "m",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disable-cuda-graph",
-        *extra_args,
-    ]
-    pid = transport.start_detached(
-        argv, {"HEISENHUNT_SIM_TIME_SCALE": "0"}, str(work / "sim.log"), str(work / "sim.pid")
-    )
-    url = f"http://127.0.0.1:{port}"
+    launch = server_launch(free_port(), time_scale=0, flags=["--disable-cuda-graph", *extra_args])
+    pid = transport.start_detached(launch.argv, launch.env, str(work / "sim.log"), str(work / "sim.pid"))
+    url = launch.url
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout; the package is normally installed
 
 from orchestrator.remote.local import LocalTransport  # noqa: E402
+from orchestrator.sim.launch import server_launch  # noqa: E402
 
 DEFAULT_PEER_VENV = Path(tempfile.gettempdir()) / "heisenhunt-peer-guidellm"
 
@@ -316,29 +317,12 @@ def main() -> int:
     try:
         url = args.url
         if url is None:
-            port = free_port()
-            argv = pinned(
-                [
-                    sys.executable,
-                    "-m",
-                    "orchestrator.sim.server",
-                    "--model-path",
-                    args.model,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                server_core,
-            )
+            launch = server_launch(free_port(), model_path=args.model, time_scale=args.time_scale)
+            argv = pinned(launch.argv, server_core)
             pgid = transport.start_detached(
-                argv,
-                {"HEISENHUNT_SIM_TIME_SCALE": args.time_scale},
-                str(work / "sim.log"),
-                str(work / "sim.pid"),
-                cwd=str(REPO),
+                argv, launch.env, str(work / "sim.log"), str(work / "sim.pid"), cwd=str(REPO)
             )
-            url = f"http://127.0.0.1:{port}"
+            url = launch.url
             print(f"sim: {shlex.join(argv)} (pid {pgid})", flush=True)
         wait_healthy(url)
         runs: dict[tuple[str, int], Run] = {}

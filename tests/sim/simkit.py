@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,10 +22,13 @@ from typing import Any
 import aiohttp
 
 from orchestrator.remote.local import LocalTransport
+from orchestrator.sim.launch import router_launch, server_launch
 from orchestrator.workload import tasks
 from tests.conftest import free_port
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash"
+# both roles, as the orchestrator's sim_dsv4 deployment sets them
+DEPLOYMENT_FLAGS = ("--disable-overlap-schedule", "--tool-call-parser", "deepseekv4", "--enable-metrics")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -91,12 +93,6 @@ class Cluster:
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
 
-    def _sim_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        full = {"HEISENHUNT_SIM_TIME_SCALE": str(self.time_scale), **self.extra_env, **env}
-        if self.fault_model:
-            full["HEISENHUNT_SIM_FAULT_MODEL"] = self.fault_model
-        return full
-
     def _start(self, role: str, argv: list[str], env: Mapping[str, str], url: str) -> Proc:
         self._n += 1
         log_path = self.work / f"{role}-{self._n}.log"
@@ -107,20 +103,20 @@ class Cluster:
         self.procs[role] = proc
         return proc
 
-    def _server_argv(self, mode: str, port: int, *flags: str) -> list[str]:
-        """The sim server's launch command, shaped like the orchestrator's sim_dsv4 deployment."""
-        return [
-            sys.executable, "-m", "orchestrator.sim.server", "--model-path", MODEL,
-            "--disaggregation-mode", mode, "--host", "127.0.0.1", "--port", str(port),
-            "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
-            "--tool-call-parser", "deepseekv4", "--enable-metrics", *flags,
-        ]  # fmt: skip
-
     def _start_server(
         self, role: str, port: int, env: Mapping[str, str], flags: Sequence[str], wait: bool
     ) -> Proc:
-        argv = self._server_argv(role, port, *flags)
-        proc = self._start(role, argv, self._sim_env(env), f"http://127.0.0.1:{port}")
+        launch = server_launch(
+            port,
+            mode=role,
+            model_path=MODEL,
+            bootstrap_port=self.bootstrap_port,
+            time_scale=self.time_scale,
+            fault_model=self.fault_model or None,
+            flags=[*DEPLOYMENT_FLAGS, *flags],
+            env={**self.extra_env, **env},
+        )
+        proc = self._start(role, launch.argv, launch.env, launch.url)
         if wait:
             self.wait_healthy(proc)
         return proc
@@ -134,26 +130,15 @@ class Cluster:
         return self._start_server("decode", self.decode_port, arm.decode_env(), flags, wait)
 
     def start_router(self, extra: Sequence[str] = ()) -> Proc:
-        argv = [
-            sys.executable,
-            "-m",
-            "sglang_router.launch_router",
-            "--pd-disaggregation",
-            "--prefill",
-            f"http://127.0.0.1:{self.prefill_port}",
-            str(self.bootstrap_port),
-            "--decode",
-            f"http://127.0.0.1:{self.decode_port}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.router_port),
-            # other test runs may hold the default metrics port 29000
-            "--prometheus-port",
-            str(free_port()),
-            *extra,
-        ]
-        proc = self._start("router", argv, {}, self.router_url)
+        launch = router_launch(
+            self.router_port,
+            prefill_url=f"http://127.0.0.1:{self.prefill_port}",
+            bootstrap_port=self.bootstrap_port,
+            decode_url=f"http://127.0.0.1:{self.decode_port}",
+            metrics_port=free_port(),
+            flags=extra,
+        )
+        proc = self._start("router", launch.argv, launch.env, launch.url)
         self.wait_router(proc)
         return proc
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,9 @@ from orchestrator.sim.faults import (
     session_rate,
     validate_fault_model,
 )
+from orchestrator.sim.launch import server_launch
 from orchestrator.sim.server import parse_time_scale
+from tests.conftest import free_port
 
 
 def role(mode: str, argv: list[str], env: dict[str, str]) -> RoleConfig:
@@ -83,7 +84,7 @@ def test_effective_env_keeps_default_and_warns_on_garbage():
 
 def test_unknown_flag_is_an_argparse_error_exit_2():
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--no-such-flag"],
+        server_launch(free_port(), flags=["--no-such-flag"]).argv,
         capture_output=True,
         text=True,
         timeout=60,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ from simkit import (
 )
 
 from orchestrator.remote.local import LocalTransport
+from orchestrator.sim.launch import server_launch
 from orchestrator.workload import tasks
 
 SHORT_PD_TIMEOUTS = {
@@ -162,12 +162,8 @@ def test_invalid_fault_model_stops_the_server_with_a_clear_error(tmp_path: Path)
         "version: 1\nrules:\n  - name: r\n    when: {decode.env.SGLANG_TYPO: true}\n"
         "    probability: [[1, 0.0]]\n    shapes: {invalid_json: 1}\n"
     )
-    result = LocalTransport().run(
-        [sys.executable, "-m", "orchestrator.sim.server", "--model-path", "m", "--port", str(free_port())],
-        env={"HEISENHUNT_SIM_FAULT_MODEL": str(bad)},
-        check=False,
-        timeout=60,
-    )
+    launch = server_launch(free_port(), fault_model=str(bad))
+    result = LocalTransport().run(launch.argv, env=launch.env, check=False, timeout=60)
     assert result.returncode == 2
     assert "unknown key 'decode.env.SGLANG_TYPO'" in result.stdout + result.stderr
     assert str(bad) in result.stdout + result.stderr

@@ -6,7 +6,6 @@ Started through `LocalTransport.start_detached` (its own process group) and alwa
 
 from __future__ import annotations
 
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.remote.local import LocalTransport
+from orchestrator.sim.launch import server_launch
 from tests.conftest import free_port
 
 # a server with no fault rule matching: eager decode (the built-in model needs captured graphs)
@@ -71,21 +71,9 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
         port = free_port()
         n = len(started)
         log_path, pid_path = tmp_path / f"sim{n}.log", tmp_path / f"sim{n}.pid"
-        argv = [
-            sys.executable,
-            "-m",
-            "orchestrator.sim.server",
-            "--model-path",
-            "m",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            *args,
-        ]
-        full_env = {"HEISENHUNT_SIM_TIME_SCALE": str(time_scale), **(env or {})}
-        pid = transport.start_detached(argv, full_env, str(log_path), str(pid_path))
-        server = SimServer(f"http://127.0.0.1:{port}", port, pid, log_path, transport)
+        launch = server_launch(port, time_scale=time_scale, flags=args, env=env)
+        pid = transport.start_detached(launch.argv, launch.env, str(log_path), str(pid_path))
+        server = SimServer(launch.url, port, pid, log_path, transport)
         started.append(server)
         wait_healthy(server)
         return server

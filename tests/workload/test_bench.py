@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.remote.local import LocalTransport
 from orchestrator.results import BenchResult
+from orchestrator.sim.launch import server_launch
 from orchestrator.workload.bench import (
     BenchConfig,
     _one_request,
@@ -94,21 +95,9 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("sim")
     port = free_port()
     transport = LocalTransport()
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator.sim.server",
-        "--model-path",
-        "sim-model",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    pgid = transport.start_detached(
-        argv, {"HEISENHUNT_SIM_TIME_SCALE": str(TIME_SCALE)}, str(work / "sim.log"), str(work / "sim.pid")
-    )
-    url = f"http://127.0.0.1:{port}"
+    launch = server_launch(port, model_path="sim-model", time_scale=TIME_SCALE)
+    pgid = transport.start_detached(launch.argv, launch.env, str(work / "sim.log"), str(work / "sim.pid"))
+    url = launch.url
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -1,0 +1,58 @@
+"""The sim's launch builder: its argv is what the sim's own parser reads back, its env what the sim reads."""
+
+from __future__ import annotations
+
+import sys
+
+from orchestrator.sim.args import parse_args
+from orchestrator.sim.launch import router_launch, server_launch
+from orchestrator.sim.server import FAULT_MODEL_ENV, TIME_SCALE_ENV
+
+
+def test_server_launch_places_the_role_and_sets_the_sims_env():
+    launch = server_launch(
+        8100,
+        mode="decode",
+        model_path="org/model",
+        bootstrap_port=8998,
+        time_scale=0.05,
+        fault_model="/tmp/faults.yaml",
+        flags=["--disable-cuda-graph"],
+        env={"SGLANG_X": "1"},
+    )
+    assert launch.argv[:3] == [sys.executable, "-m", "orchestrator.sim.server"]
+    args = parse_args(launch.argv[3:])
+    assert (args.model_path, args.disaggregation_mode, args.host, args.port) == (
+        "org/model",
+        "decode",
+        "127.0.0.1",
+        8100,
+    )
+    assert args.disaggregation_bootstrap_port == 8998 and args.disable_cuda_graph
+    assert launch.env == {TIME_SCALE_ENV: "0.05", "SGLANG_X": "1", FAULT_MODEL_ENV: "/tmp/faults.yaml"}
+    assert launch.url == "http://127.0.0.1:8100"
+
+
+def test_a_lone_server_has_no_pd_flags_and_adds_no_env():
+    launch = server_launch(8100)
+    assert "--disaggregation-mode" not in launch.argv and "--disaggregation-bootstrap-port" not in launch.argv
+    assert parse_args(launch.argv[3:]).disaggregation_mode == "null"
+    assert launch.env == {}
+
+
+def test_router_launch_wires_prefill_bootstrap_and_decode():
+    launch = router_launch(
+        8200,
+        prefill_url="http://127.0.0.1:8100",
+        bootstrap_port=8998,
+        decode_url="http://127.0.0.1:8101",
+        metrics_port=29555,
+    )
+    argv = launch.argv
+    assert argv[argv.index("--prefill") + 1 : argv.index("--prefill") + 3] == [
+        "http://127.0.0.1:8100",
+        "8998",
+    ]
+    assert argv[argv.index("--decode") + 1] == "http://127.0.0.1:8101"
+    assert argv[argv.index("--prometheus-port") + 1] == "29555" and "--pd-disaggregation" in argv
+    assert launch.url == "http://127.0.0.1:8200"
