@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The gpu_race study (experiments/gpu_race.yaml) on a lent GPU machine that reaches no package registry.
+#
+#   scripts/gpu-race.sh prepare [COMMIT]   here: the wheels as one pre-installed, compressed site dir, and
+#                                          a snapshot of COMMIT (default HEAD), both in .gpu-run/ (ignored)
+#   scripts/gpu-race.sh rehearse           here, CPU only: the same study from the snapshot, small, with a
+#                                          CPU stand-in for the GPU step (checks configs, counters, report)
+#   device `run`, carry [".gpu-run"], command:  bash .gpu-run/tree/scripts/gpu-race.sh device
+#                                          there: unpack, probe, GPU tests, the study; results to $OUT
+#   scripts/gpu-race.sh collect DIR [report options]
+#                                          here: DIR is the run's files_at; writes reports/gpu_race/
+#
+# What was learnt getting here (2026-12-01, one H200, torch 2.11 + CUDA 13, python 3.12):
+# - The 58 wheels are 68 MB as wheels, over one call's 64 MiB. Installed here with --target for
+#   cp312/manylinux, the sglang-router .so stripped (92 -> 72 MB) and mlflow's web UI (27 MB, unused:
+#   MLflow runs on sqlite) left out, the site dir packs with xz to 34 MB: one call carries it all,
+#   so the whole run is one device command and needs no second call within the 30 s warm window.
+# - antlr4-python3-runtime 4.9.3 (hydra-core's) exists only as an sdist: built here as a wheel first.
+# - Pin hydra-core==1.3.2 omegaconf==2.3.0, or --only-binary=:all: falls back to hydra-core 0.11.3.
+# - Console scripts installed here point at this machine's python; nothing uses them (every server
+#   is started as `python -m module`).
+# - The working tree changes under concurrent edits: the device gets a `git archive` of one commit.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$SCRIPT_DIR/.." && pwd) # here: the checkout; on the device: the snapshot (.gpu-run/tree)
+RUN=$ROOT/.gpu-run
+WHEELS=$ROOT/.gpu-wheels
+WHEEL_LIST=${WHEEL_LIST:-/work/shared/gpu-probes/wheels-for-the-gpu-machine.txt}
+PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
+  --platform manylinux1_x86_64)
+STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-480}
+
+prepare() {
+  local commit=${1:-HEAD}
+  mkdir -p "$RUN" "$WHEELS/whl"
+  if [ ! -s "$RUN/site.tar.xz" ]; then
+    # NAME==VERSION from the wheel file names; antlr4 is built from its sdist
+    awk -F- '{print $1"=="$2}' "$WHEEL_LIST" | grep -v '^antlr4' >"$WHEELS/requirements.txt"
+    python3 -m pip download -q --no-deps "${PLATFORM[@]}" -d "$WHEELS/whl" -r "$WHEELS/requirements.txt"
+    (cd "$WHEELS/whl" && python3 -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3)
+    rm -rf "$WHEELS/site-gpu"
+    python3 -m pip install -q --no-deps --no-index --target "$WHEELS/site-gpu" "${PLATFORM[@]}" "$WHEELS"/whl/*.whl
+    strip --strip-unneeded "$WHEELS"/site-gpu/sglang_router/sglang_router_rs*.so
+    rm -rf "$WHEELS/site-gpu/mlflow/server/js"
+    find "$WHEELS/site-gpu" -name __pycache__ -prune -exec rm -rf {} +
+    tar -C "$WHEELS" -cJf "$RUN/site.tar.xz" site-gpu
+  fi
+  rm -rf "$RUN/tree"
+  mkdir -p "$RUN/tree"
+  git -C "$ROOT" archive "$commit" | tar -x -C "$RUN/tree"
+  git -C "$ROOT" rev-parse "$commit" >"$RUN/tree/SNAPSHOT_COMMIT"
+  du -sh "$RUN"
+  local kib
+  kib=$(du -sk "$RUN" | cut -f1)
+  if [ "$kib" -gt $((60 * 1024)) ]; then
+    echo "$RUN is ${kib} KiB: over what one call carries beside the working tree" >&2
+    exit 1
+  fi
+  echo "snapshot of $(cat "$RUN/tree/SNAPSHOT_COMMIT") ready; run on the device: bash .gpu-run/tree/scripts/gpu-race.sh device"
+}
+
+rehearse() {
+  # the study's shape on the CPU: a stand-in step (tests/gpu/scripted.py), few sessions, no bench sweep
+  local out=/tmp/gpu-race-rehearsal
+  rm -rf "$out"
+  mkdir -p "$out"
+  cd "$RUN/tree"
+  PYTHONPATH=$RUN/tree timeout 600 python3 -m orchestrator -m +experiment=gpu_race \
+    deployment.roles.decode.env.HEISENHUNT_DECODE_ENGINE=tests.gpu.scripted:ScriptedRowsEngine \
+    workload.sessions=12 workload.rounds=2 'bench.concurrency=[1]' bench.requests_per_worker=1 \
+    report.dir="$out/reports" tracking.uri="sqlite:///$out/mlruns.db" \
+    hydra.sweep.dir="$out/multirun" "$@" 2>&1 | tail -40
+  pack "$out" "$out/reports/gpu_race" "$out/results"
+  echo "rehearsal results in $out/results (collect them with: scripts/gpu-race.sh collect $out/results)"
+}
+
+# pack WORK REPORT_DIR DEST: the report, the decode logs, the per-start counters, into DEST
+pack() {
+  local work=$1 report=$2 dest=$3
+  mkdir -p "$dest/logs"
+  cp -r "$report" "$dest/study" 2>/dev/null || echo "no report at $report" >&2
+  local decode_logs=$HOME/.cache/heisenhunt/local/decode/logs
+  for d in "$decode_logs"/gpu_race-*; do
+    [ -f "$d/decode.log" ] && cp "$d/decode.log" "$dest/logs/$(basename "$d").decode.log"
+  done
+  cp -r "$RUN/tree/gpu-counters" "$dest/counters" 2>/dev/null || mkdir -p "$dest/counters"
+}
+
+device() {
+  RUN=$(cd "$ROOT/.." && pwd) # this script runs from the snapshot, .gpu-run/tree/scripts/
+  local t0=$SECONDS tree=$RUN/tree res=/tmp/gpu-race-results
+  rm -rf "$res" /tmp/site-gpu "$tree/gpu-counters" "$HOME"/.cache/heisenhunt/local/decode/logs/gpu_race-*
+  mkdir -p "$res"
+  tar -C /tmp -xJf "$RUN/site.tar.xz"
+  export PYTHONPATH=/tmp/site-gpu:$tree PYTHONUNBUFFERED=1
+  cd "$tree"
+  {
+    echo "snapshot: $(cat SNAPSHOT_COMMIT)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  } | tee "$res/device.txt"
+  echo "== unpacked in $((SECONDS - t0)) s"
+  python3 -m orchestrator.gpu.probe --replays 40 --starts 2 --workspace-kib 2 --out "$res/probe.json" \
+    | tee "$res/probe.log" || echo "probe failed" >&2
+  python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -5 | tee "$res/gpu-tests.log" || true
+  echo "== probe and GPU tests done at $((SECONDS - t0)) s"
+  local t_study=$SECONDS
+  timeout "$STUDY_TIMEOUT_S" python3 -m orchestrator -m +experiment=gpu_race "$@" >"$res/study.log" 2>&1 \
+    || echo "study ended with status $?" | tee -a "$res/study.log"
+  tail -25 "$res/study.log"
+  echo "study_s=$((SECONDS - t_study)) total_s=$((SECONDS - t0))" | tee "$res/timing.txt"
+  pack "$tree" "$tree/reports/gpu_race" "$res"
+  tar -C "$res" -czf "${OUT:-/tmp}/gpu_race_results.tar.gz" .
+  ls -la "${OUT:-/tmp}"
+}
+
+collect() {
+  local src=$1
+  shift
+  local dir=$src
+  if [ -f "$src/gpu_race_results.tar.gz" ]; then
+    dir=/tmp/gpu-race-collected
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    tar -C "$dir" -xzf "$src/gpu_race_results.tar.gz"
+  fi
+  python3 -m orchestrator.gpu.report "$dir" --out "$ROOT/reports/gpu_race" "$@"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  prepare) prepare "$@" ;;
+  rehearse) rehearse "$@" ;;
+  device) device "$@" ;;
+  collect) collect "$@" ;;
+  *)
+    sed -n '2,12p' "$0"
+    exit 2
+    ;;
+esac
