@@ -5,12 +5,39 @@
 #   eval "$(scripts/ci-ssh-setup.sh start)"   # prints the HH_SSH_* exports ssh_local.yaml reads
 #   python -m orchestrator cluster=ssh_local ...
 #   scripts/ci-ssh-setup.sh stop
-# Installs openssh-server with apt-get when it is missing (needs root). Progress goes to stderr,
+#   scripts/ci-ssh-setup.sh config ADDRESS PORT HOST_KEY DIR [LOG_LEVEL]   # prints the sshd_config only
+# `config` is the one sshd_config of the project: the SSH tests (tests/remote/conftest.py) write
+# theirs with it too. Installs openssh-server with apt-get when it is missing (needs root). Progress goes to stderr,
 # only the exports to stdout.
 set -euo pipefail
 dir=${HH_SSHD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/heisenhunt/sshd}
 sshd=/usr/sbin/sshd
 say() { echo "ci-ssh-setup: $*" >&2; }
+
+# A private sshd: keys only, no PAM, its pid file and authorized_keys in DIR.
+sshd_config() {
+  [ $# -ge 4 ] || { echo "usage: $0 config ADDRESS PORT HOST_KEY DIR [LOG_LEVEL]" >&2; exit 2; }
+  cat <<CFG
+Port $2
+ListenAddress $1
+HostKey $3
+PidFile $4/sshd.pid
+AuthorizedKeysFile $4/authorized_keys
+# DIR is not a root-owned 0755 chain (a cache or temporary directory)
+StrictModes no
+UsePAM no
+# CI runs as root; keys only
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowTcpForwarding yes
+Subsystem sftp internal-sftp
+UseDNS no
+MaxSessions 16
+LogLevel ${5:-INFO}
+CFG
+}
 
 running() { [ -f "$dir/sshd.pid" ] && kill -0 "$(cat "$dir/sshd.pid")" 2>/dev/null; }
 
@@ -32,23 +59,7 @@ start() {
   else
     port=${HH_SSHD_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
     [ "$(id -u)" = 0 ] && mkdir -p /run/sshd  # privilege separation directory
-    cat >"$dir/sshd_config" <<CFG
-Port $port
-ListenAddress 127.0.0.1
-HostKey $dir/host_ed25519
-PidFile $dir/sshd.pid
-AuthorizedKeysFile $dir/authorized_keys
-StrictModes no
-UsePAM no
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-AllowTcpForwarding yes
-Subsystem sftp internal-sftp
-UseDNS no
-MaxSessions 16
-CFG
+    sshd_config 127.0.0.1 "$port" "$dir/host_ed25519" "$dir" >"$dir/sshd_config"
     "$sshd" -t -f "$dir/sshd_config"
     "$sshd" -f "$dir/sshd_config" -E "$dir/sshd.log"  # daemonizes, writes the pid file
     echo "$port" >"$dir/port"
@@ -82,5 +93,6 @@ stop() {
 case "${1:-start}" in
   start) start ;;
   stop) stop ;;
-  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+  config) shift; sshd_config "$@" ;;
+  *) echo "usage: $0 start|stop|config" >&2; exit 2 ;;
 esac

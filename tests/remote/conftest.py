@@ -26,6 +26,7 @@ import pytest
 from tests.conftest import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci-ssh-setup.sh"
 USER = os.environ.get("USER") or __import__("getpass").getuser()
 
 
@@ -94,31 +95,12 @@ def ssh_keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     return Keys(d, keygen(d / "user"), keygen(d / "other_user"), keygen(d / "host"), keygen(d / "other_host"))
 
 
-def _sshd_config(d: Path, address: str, port: int, host_key: Path, authorized: Path) -> Path:
+def _sshd_config(d: Path, address: str, port: int, host_key: Path) -> Path:
+    """The project's one sshd_config (scripts/ci-ssh-setup.sh writes it for CI as well), in `d`."""
+    # DEBUG1 logs keepalive requests and direct-tcpip (ProxyJump) channels, which tests check
+    argv = ["bash", str(SETUP_SCRIPT), "config", address, str(port), str(host_key), str(d), "DEBUG1"]
     cfg = d / "sshd_config"
-    cfg.write_text(
-        f"""\
-Port {port}
-ListenAddress {address}
-HostKey {host_key}
-PidFile {d / "sshd.pid"}
-AuthorizedKeysFile {authorized}
-# the test directories are not root-owned 0755 chains
-StrictModes no
-UsePAM no
-# CI runs as root; keys only
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-AllowTcpForwarding yes
-Subsystem sftp internal-sftp
-UseDNS no
-MaxSessions 16
-# DEBUG1 logs keepalive requests and direct-tcpip (ProxyJump) channels, which tests check
-LogLevel DEBUG1
-"""
-    )
+    cfg.write_text(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
     return cfg
 
 
@@ -142,9 +124,8 @@ def run_sshd(d: Path, keys: Keys, address: str, port: int, netns: str | None = N
     # sshd refuses to start without its privilege separation directory
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    authorized = d / "authorized_keys"
-    authorized.write_text(Path(f"{keys.user}.pub").read_text())
-    cfg = _sshd_config(d, address, port, keys.host, authorized)
+    (d / "authorized_keys").write_text(Path(f"{keys.user}.pub").read_text())
+    cfg = _sshd_config(d, address, port, keys.host)
     log = d / "sshd.log"
     # -E: log to the file; with -e the DEBUG lines would leak into the sessions' stderr
     argv = [SSHD, "-D", "-E", str(log), "-f", str(cfg)]
