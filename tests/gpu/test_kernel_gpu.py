@@ -44,3 +44,15 @@ def test_a_batch_smaller_than_its_bucket_compares_only_its_real_rows():
     step.capture(SIZES)
     assert step.step(3, 4) == [False, False, False]
     assert len(step.step(40, None)) == 40  # above the largest bucket: eager
+
+
+def test_the_real_engine_serves_a_planned_call_behind_the_server_and_counts_its_buckets(serve):
+    from orchestrator.workload import tasks
+    from tests.gpu.conftest import chat, get_json
+
+    _, base = serve(engine="orchestrator.gpu.engine:GpuDecodeEngine", startup_s=120)
+    messages = tasks.initial_messages(tasks.make_task(seed=1, session_index=0, rounds=2))
+    assert chat(base, messages, tasks.TOOLS)["choices"][0]["message"] is not None
+    engine = get_json(f"{base}/server_info")["sim"]["decode_engine"]
+    assert engine["device"]["gpu"] and engine["captured_sizes"] == SIZES
+    assert engine["buckets"]["1"]["steps"] > 0
