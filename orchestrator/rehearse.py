@@ -1,0 +1,347 @@
+"""Rehearse a study design before spending GPU hours: run it thousands of times against a fault model, at
+the level of session outcomes, through the same analysis that judges real runs (`analysis.analyse`).
+
+    python -m orchestrator.rehearse +experiment=<study> [fault_model=PATH] [rehearse.studies=N]
+        [rehearse.seed=S] [rehearse.json=OUT] [rehearse.restart_icc=RHO] [other Hydra overrides]
+
+The study, its design and its workload come from the composed config, as `python -m orchestrator`
+sees them: the arms are the baseline and each hypothesis' treatment arm (the arms its verdicts use),
+`repetition` of the sweep gives the runs per arm, `workload.sessions` the sessions per run. Each arm's
+truth comes from the fault model (the built-in one, or `fault_model=PATH`): the arm is planned as a
+real job would be (`plan.plan_arm`), its two roles' effective configs (parsed by the sim's own
+parsers) pick the model's rule, and the rule gives
+- the session rate q = 1 - (1 - p)^rounds, p the rule's per-turn probability at the workload's
+  concurrency (every session concurrent unless `workload.concurrency` says otherwise: the decode's load
+  is about that; `tests/test_rehearse.py` checks it against a real sim run), and
+- the rule's `restart_icc` rho: each run (server start) draws its rate from Beta(mean q, ICC rho), as
+  the sim does (docs/fault-model.md); `rehearse.restart_icc` replaces every rule's value.
+
+A hypothesis is causal when its treatment arm's modelled rate differs from the baseline's. A verdict is
+wrong when it implicates (or partially implicates) a non-causal hypothesis, exonerates a causal one,
+claims a reduction where the change raised the rate, or says "implicated" (corruption under the
+ceiling) where the treatment's true rate is not under it. "Inconclusive" is never wrong; `expected`
+names the verdict a study large enough would reach, and `all_expected` how often every hypothesis
+reached it. Output (stdout, and `rehearse.json=OUT`): `family_false_implication` (fraction of studies
+in which at least one non-causal hypothesis was implicated or partial), `hypotheses[]` (`id`,
+`causal`, `verdicts`: fraction per verdict, `wrong`, `expected`), `all_right` (fraction of studies
+with no wrong verdict), `all_expected`, `sessions_per_study` (mean), and the estimated ICC.
+
+The core, `rehearse`, is pure: (study, arm truths, runs, sessions, studies, seed) -> tallies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator import analysis
+from orchestrator.analysis import VERDICTS, RunRecord, StudySpec
+
+DEFAULT_STUDIES = 2000
+DEFAULT_SEED = 0
+OPTIONS = ("studies", "seed", "json", "restart_icc")
+
+
+@dataclass(frozen=True)
+class ArmTruth:
+    """What the fault model says of one arm: its mean session rate and its between-run ICC."""
+
+    label: str
+    levels: dict[str, str]
+    rate: float
+    icc: float = 0.0
+    rule: str | None = None
+
+
+# --- the pure core ---------------------------------------------------------------------------------
+
+
+def study_arms(spec: StudySpec) -> list[tuple[str, dict[str, str]]]:
+    """(label, factor levels) of the arms the study's verdicts compare: baseline, then each treatment."""
+    arms = {analysis.BASELINE_LABEL: dict(spec.baseline)}
+    for h in spec.hypotheses:
+        levels = {**spec.baseline, h.factor: h.treatment}
+        arms.setdefault(analysis.arm_label(levels, spec.baseline), levels)
+    return list(arms.items())
+
+
+def truth(spec: StudySpec, arms: Sequence[ArmTruth]) -> list[dict[str, Any]]:
+    """Per hypothesis: its arms' true rates, whether it is causal, and the verdict it should reach."""
+    by_label = {a.label: a for a in arms}
+    base = by_label[analysis.BASELINE_LABEL]
+    rows = []
+    for h in spec.hypotheses:
+        treat = by_label[analysis.arm_label({**spec.baseline, h.factor: h.treatment}, spec.baseline)]
+        causal = treat.rate != base.rate
+        if not causal:
+            expected = "exonerated"
+        elif treat.rate > base.rate:
+            expected = "inconclusive"  # the change makes it worse: no verdict claims that
+        else:
+            expected = "implicated" if treat.rate < spec.ceiling else "partial"
+        rows.append(
+            {
+                "id": h.id,
+                "causal": causal,
+                "baseline_rate": base.rate,
+                "treatment_rate": treat.rate,
+                "expected": expected,
+            }
+        )
+    return rows
+
+
+def wrong(verdict: str, row: Mapping[str, Any], ceiling: float) -> bool:
+    """Whether a verdict contradicts the truth (see the module doc); inconclusive never does."""
+    if verdict == "inconclusive":
+        return False
+    if not row["causal"]:
+        return verdict != "exonerated"
+    if verdict == "exonerated":
+        return True
+    if row["treatment_rate"] > row["baseline_rate"]:
+        return True  # implicated/partial claim a reduction
+    return verdict == "implicated" and row["treatment_rate"] >= ceiling
+
+
+def draw_counts(
+    arms: Sequence[ArmTruth], runs: int, sessions: int, studies: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Corrupted sessions per (study, arm, run): each run's rate from Beta(mean rate, ICC icc)."""
+    counts = np.zeros((studies, len(arms), runs), dtype=np.int64)
+    for i, arm in enumerate(arms):
+        rate = np.full((studies, runs), arm.rate)
+        if arm.icc > 0 and 0 < arm.rate < 1:
+            if arm.icc >= 1:
+                rate = (rng.random((studies, runs)) < arm.rate).astype(float)
+            else:
+                scale = (1 - arm.icc) / arm.icc
+                rate = rng.beta(arm.rate * scale, (1 - arm.rate) * scale, size=(studies, runs))
+        counts[:, i, :] = rng.binomial(sessions, rate)
+    return counts
+
+
+def study_runs(arms: Sequence[ArmTruth], counts: np.ndarray, sessions: int) -> list[RunRecord]:
+    """One rehearsed study's runs, as `tracking.load_study` would give them for real ones."""
+    return [
+        RunRecord(
+            run_id=f"{arm.label}-{rep}",
+            status="FINISHED",
+            signature=f"rehearsal[{arm.label}]",
+            repetition=rep,
+            factors=dict(arm.levels),
+            outcomes="complete",
+            clean=sessions - int(k),
+            corrupted=int(k),
+            planned=sessions,
+        )
+        for arm, per_run in zip(arms, counts, strict=True)
+        for rep, k in enumerate(per_run)
+    ]
+
+
+def rehearse(
+    spec: StudySpec, arms: Sequence[ArmTruth], runs: int, sessions: int, studies: int, seed: int
+) -> dict[str, Any]:
+    """Simulate `studies` studies of this design and judge each with `analysis.analyse`; tally verdicts."""
+    if runs < 1 or sessions < 1 or studies < 1:
+        raise ValueError(f"runs={runs}, sessions={sessions}, studies={studies} must all be >= 1")
+    rows = truth(spec, arms)
+    counts = draw_counts(arms, runs, sessions, studies, np.random.default_rng(seed))
+    tally = {r["id"]: dict.fromkeys(VERDICTS, 0) for r in rows}
+    wrong_n = dict.fromkeys(tally, 0)
+    family_false = all_right = all_expected = 0
+    sessions_total = 0
+    icc_sum = 0.0
+    for s in range(studies):
+        report = analysis.analyse(spec, study_runs(arms, counts[s], sessions))
+        verdicts = {h["id"]: h["verdict"] for h in report["hypotheses"]}
+        bad = {r["id"] for r in rows if wrong(verdicts[r["id"]], r, spec.ceiling)}
+        for r in rows:
+            tally[r["id"]][verdicts[r["id"]]] += 1
+            wrong_n[r["id"]] += r["id"] in bad
+        family_false += any(not r["causal"] and verdicts[r["id"]] in ("implicated", "partial") for r in rows)
+        all_right += not bad
+        all_expected += all(verdicts[r["id"]] == r["expected"] for r in rows)
+        sessions_total += sum(a["n"] for a in report["arms"])
+        icc_sum += report["between_runs"]["icc"]
+    return {
+        "study": spec.name,
+        "studies": studies,
+        "seed": seed,
+        "design": {
+            "runs_per_arm": runs,
+            "sessions_per_run": sessions,
+            "arms": [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms],
+        },
+        "family_false_implication": family_false / studies,
+        "all_right": all_right / studies,
+        "all_expected": all_expected / studies,
+        "sessions_per_study": sessions_total / studies,
+        "mean_icc_estimate": icc_sum / studies,
+        "hypotheses": [
+            {
+                **r,
+                "verdicts": {v: tally[r["id"]][v] / studies for v in VERDICTS},
+                "wrong": wrong_n[r["id"]] / studies,
+            }
+            for r in rows
+        ],
+    }
+
+
+# --- arm truths from a fault model (reads the composed config) ------------------------------------
+
+
+def arm_truths(
+    spec: StudySpec, compose_arm, model, rounds: int, load: int, icc_override: float | None = None
+) -> list[ArmTruth]:
+    """Each study arm's rate and ICC under `model`. `compose_arm(levels)` -> the arm's planned roles
+    {role: (env, flags)}; the sim's parsers turn them into the configs the fault model's rules test."""
+    from orchestrator.sim.faults import session_rate
+
+    out = []
+    for label, levels in study_arms(spec):
+        prefill, decode = _role_configs(compose_arm(levels))
+        rule = model.rule_for(prefill, decode)
+        rate = session_rate(rule.probability(load), rounds) if rule else 0.0
+        icc = (rule.restart_icc if icc_override is None else icc_override) if rule else 0.0
+        out.append(ArmTruth(label, levels, rate, icc, rule.name if rule else None))
+    return out
+
+
+def _role_configs(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]]):
+    """The sim's view of a role: its env as parsed, its flags resolved by the sim's own argparse."""
+    from orchestrator.plan import flag_words
+    from orchestrator.sim.args import parse_args
+    from orchestrator.sim.envs import effective_env
+    from orchestrator.sim.faults import RoleConfig
+
+    configs = []
+    for role in ("prefill", "decode"):
+        env, flags = roles[role]
+        args = parse_args(["--model-path", "m", "--disaggregation-mode", role, *flag_words(flags)])
+        configs.append(RoleConfig(role, effective_env(dict(env))[0], vars(args)))
+    return configs
+
+
+def _repetitions(cfg) -> int:
+    """Runs per arm: the sweep's `repetition` values (the experiment's, else the default sweep's)."""
+    from omegaconf import OmegaConf
+
+    sweeper = cfg.hydra.sweeper
+    for params in (OmegaConf.select(sweeper, "params"), OmegaConf.select(sweeper, "default_params")):
+        if params and "repetition" in params:
+            return len(str(params["repetition"]).split(","))
+    return 1
+
+
+def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """(rehearse options incl. fault_model, the remaining Hydra overrides)."""
+    options: dict[str, str] = {}
+    overrides = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key == "fault_model":
+            options["fault_model"] = value
+        elif sep and key.startswith("rehearse."):
+            name = key.removeprefix("rehearse.")
+            if name not in OPTIONS:
+                raise SystemExit(
+                    f"unknown option {key}; accepted: {', '.join('rehearse.' + o for o in OPTIONS)}"
+                )
+            options[name] = value
+        else:
+            overrides.append(arg)
+    return options, overrides
+
+
+def from_config(argv: Sequence[str]) -> dict[str, Any]:
+    """Compose the study as `python -m orchestrator` would, build the arms' truths, rehearse."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from orchestrator.config import CONF_DIR, load_job
+    from orchestrator.plan import plan_arm
+    from orchestrator.sim.faults import load_fault_model
+
+    options, overrides = split_args(argv)
+    model = load_fault_model(options.get("fault_model") or None)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+        spec = StudySpec.from_dict(OmegaConf.to_container(cfg.study, resolve=True))
+        sessions, rounds = int(cfg.workload.sessions), int(cfg.workload.rounds)
+        load = min(sessions, int(cfg.workload.concurrency or sessions))
+
+        def compose_arm(levels: Mapping[str, str]) -> dict[str, tuple[dict, dict]]:
+            arm_cfg = compose(
+                "config",
+                overrides=[*overrides, *(f"factor/{k}={v}" for k, v in levels.items())],
+                return_hydra_config=True,
+            )
+            plan = plan_arm(load_job(arm_cfg))
+            return {role: (plan.roles[role].env, plan.roles[role].flags) for role in ("prefill", "decode")}
+
+        icc = float(options["restart_icc"]) if "restart_icc" in options else None
+        arms = arm_truths(spec, compose_arm, model, rounds, load, icc)
+        runs = _repetitions(cfg)
+    result = rehearse(
+        spec,
+        arms,
+        runs,
+        sessions,
+        int(options.get("studies", DEFAULT_STUDIES)),
+        int(options.get("seed", DEFAULT_SEED)),
+    )
+    result["fault_model"] = {"name": model.name, "source": model.source}
+    result["workload"] = {"sessions": sessions, "rounds": rounds, "load": load}
+    if "json" in options:
+        Path(options["json"]).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """A short table for the terminal."""
+    design = result["design"]
+    lines = [
+        f"{result['study']}: {result['studies']} rehearsed studies, {len(design['arms'])} arms x "
+        f"{design['runs_per_arm']} runs x {design['sessions_per_run']} sessions, fault model "
+        f"{result.get('fault_model', {}).get('name', '?')}",
+        "arms: "
+        + ", ".join(f"{a['label']} {a['rate']:.1%} (ICC {a['restart_icc']:g})" for a in design["arms"]),
+        "",
+        f"{'hypothesis':<16} {'causal':<6} {'expected':<12} "
+        + " ".join(f"{v:>12}" for v in VERDICTS)
+        + f" {'wrong':>7}",
+    ]
+    for h in result["hypotheses"]:
+        lines.append(
+            f"{h['id']:<16} {'yes' if h['causal'] else 'no':<6} {h['expected']:<12} "
+            + " ".join(f"{h['verdicts'][v]:>12.1%}" for v in VERDICTS)
+            + f" {h['wrong']:>7.1%}"
+        )
+    lines += [
+        "",
+        f"family-wise false implication: {result['family_false_implication']:.1%}",
+        f"all verdicts right (none wrong): {result['all_right']:.1%}; "
+        f"all as expected: {result['all_expected']:.1%}",
+        f"sessions per study: {result['sessions_per_study']:.0f}; "
+        f"mean estimated ICC: {result['mean_icc_estimate']:.4f}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    result = from_config(sys.argv[1:] if argv is None else argv)
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
