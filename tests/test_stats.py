@@ -128,3 +128,89 @@ def test_bootstrap_ratio_runs():
     assert r.low >= 490 / 410 and r.high <= 510 / 400
     single = stats.bootstrap_ratio_runs([300], [600])
     assert single.point == single.low == single.high == pytest.approx(0.5)
+
+
+# --- between runs ----------------------------------------------------------------------------------
+
+
+def test_dispersion_pools_arms_with_corruption_and_two_runs():
+    # one arm, by hand: p = 30/180, X^2 = sum (k - 60p)^2 / (60 p (1 - p)) over runs 5, 10, 15
+    p = 30 / 180
+    x2 = sum((k - 60 * p) ** 2 / (60 * p * (1 - p)) for k in (5, 10, 15))
+    d = stats.dispersion([[(5, 60), (10, 60), (15, 60)], [(0, 60), (0, 60)], [(4, 60)]])
+    assert d.df == 2 and d.phi == pytest.approx(x2 / 2)
+    assert d.icc == pytest.approx((x2 / 2 - 1) / 59) and d.mean_run_size == 60
+    # no arm can show it: not estimated, no variation assumed here (the analysis decides what to assume)
+    assert not stats.dispersion([[(3, 60)], [(0, 60), (0, 60)]]).estimated
+    # less spread than binomial: ICC 0, not negative
+    assert stats.dispersion([[(10, 60), (10, 60), (10, 60)]]).icc == 0.0
+
+
+def test_dispersion_estimates_the_design_effect_of_beta_binomial_runs():
+    """Averaged over simulated studies (two corrupted arms of 3 runs of 60): phi ~ 1 without between-run
+    variation; with it, phi is biased low in samples this small (the module doc says by how much)."""
+    rng = np.random.default_rng(11)
+    for rho, low, high in ((0.0, 0.95, 1.05), (0.05, 0.8, 1.0)):
+        phis = []
+        for _ in range(400):
+            arms = []
+            for q in (0.15, 0.05):
+                s = rng.beta(q * (1 - rho) / rho, (1 - q) * (1 - rho) / rho, 3) if rho else np.full(3, q)
+                arms.append([(int(k), 60) for k in rng.binomial(60, s)])
+            phis.append(stats.dispersion(arms).phi)
+        assert low <= np.mean(phis) / (1 + 59 * rho) <= high
+
+
+def test_effective_counts_and_design_effect():
+    assert stats.design_effect(0.02, 60) == pytest.approx(2.18)
+    assert stats.design_effect(0.5, 1) == 1.0  # one session per run: nothing to correlate
+    assert stats.effective_counts(27, 180, 2.18) == (12, 83)
+    assert stats.effective_counts(27, 180, 1.0) == (27, 180)
+    assert stats.effective_counts(1, 3, 10.0) == (0, 1)
+
+
+def test_runs_interval_is_clopper_pearson_without_icc_and_exact_with_it():
+    assert stats.runs_interval([[9, 60], [8, 60], [10, 60]], 0.0) == stats.clopper_pearson(27, 180)
+    # all runs clean: the upper bound q solves prod_j B(a, b + n_j) / B(a, b) = 0.025 (beta-binomial zero)
+    icc = 0.02
+    lo, hi = stats.runs_interval([[0, 60]] * 3, icc)
+    a, b = hi * (1 - icc) / icc, (1 - hi) * (1 - icc) / icc
+    log_zero_per_run = math.lgamma(a + b) - math.lgamma(b) + math.lgamma(b + 60) - math.lgamma(a + b + 60)
+    p_zero = math.exp(3 * log_zero_per_run)
+    assert lo == 0.0 and p_zero == pytest.approx(0.025, rel=1e-4)
+    assert hi > stats.upper_bound(0, 180)  # correlated runs: three clean runs say less than 180 sessions
+    lo, hi = stats.runs_interval([[9, 60], [8, 60], [10, 60]], 0.05)
+    lo0, hi0 = stats.clopper_pearson(27, 180)
+    assert lo < lo0 < 0.15 < hi0 < hi
+
+
+def test_runs_interval_covers_the_true_rate():
+    """Coverage of the beta-binomial interval at its own ICC, simulated: at least nominal, near it."""
+    rng = np.random.default_rng(12)
+    q, rho, sims = 0.1, 0.05, 400
+    covered = 0
+    for _ in range(sims):
+        s = rng.beta(q * (1 - rho) / rho, (1 - q) * (1 - rho) / rho, 3)
+        lo, hi = stats.runs_interval([[int(k), 60] for k in rng.binomial(60, s)], rho)
+        covered += lo <= q <= hi
+    assert 0.93 <= covered / sims <= 0.995
+
+
+def test_sessions_needed_keeps_its_promise_with_correlated_runs():
+    """At the computed size, in runs of 60 with ICC rho, the comparison the analysis makes (Fisher on the
+    Rao-Scott effective counts) finds the difference with about the promised 80% power."""
+    p1, effect, rho, m = 0.15, 0.10, 0.02, 60
+    deff = stats.design_effect(rho, m)
+    n = stats.sessions_needed(p1, effect, 0.05, 0.8, deff)
+    runs = math.ceil(n / m)
+    rng = np.random.default_rng(9)
+    sims, hits = 400, 0
+    for _ in range(sims):
+        counts = []
+        for q in (p1, p1 - effect):
+            s = rng.beta(q * (1 - rho) / rho, (1 - q) * (1 - rho) / rho, runs)
+            counts.append(int(rng.binomial(m, s).sum()))
+        kb, nb = stats.effective_counts(counts[0], runs * m, deff)
+        kt, nt = stats.effective_counts(counts[1], runs * m, deff)
+        hits += stats.compare(kb, nb, kt, nt) < 0.05
+    assert 0.72 <= hits / sims <= 0.95
