@@ -9,6 +9,7 @@ nothing past this module sees a DictConfig.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 from pathlib import Path
@@ -81,17 +82,18 @@ class StudyCallback(Callback):
         if self.run_id is None or self._uri is None:
             return
         paths: list[Path] = []
-        failure = None
+        failure = headline = None
         try:
             paths = build_report(
                 self._uri, str(config.study.name), Path(str(config.report.dir)), bool(config.report.plots)
             )
+            headline = json.loads(paths[1].read_text())["headline"]  # report.json
             log.info("report: %s", paths[0])
         except Exception as e:
             log.exception("the report could not be built")
             failure = f"report: {type(e).__name__}: {e}"
         finally:
-            tracking.end_study_run(self._uri, self.run_id, paths, failure)
+            tracking.end_study_run(self._uri, self.run_id, paths, failure, headline)
             self._ended = True
             self._restore_env()
             atexit.unregister(self._abandoned)

@@ -2,21 +2,28 @@
 values (`schema`, `plan.ArmPlan`) only; the Hydra callback that drives the parent run is in callbacks.py.
 
 Layout in MLflow (experiment = the study's name):
-- parent run (tag `heisenhunt.kind=study`): created by `start_study_run` (from the callback's
-  `on_multirun_start`) and left RUNNING until `end_study_run`, which attaches the report (`report/`).
+- the experiment is tagged as model training (`mlflow.experimentKind`), not a GenAI app, and carries a
+  saved runs view (`ARMS_VIEW`) listing the arm runs with their factor and corruption columns.
+- parent run (tag `heisenhunt.kind=study`, named after its sweep dir): created by `start_study_run` (from
+  the callback's `on_multirun_start`) and left RUNNING until `end_study_run`, which attaches the report
+  (`report/`) and sets the run's description to the report's headline.
   Its id reaches the jobs explicitly, through `<sweep dir>/.heisenhunt/parent_run_id` and the env var
   HEISENHUNT_PARENT_RUN_ID, so launchers that run jobs in other processes work too. It carries the
   study definition (`study/study.json`), from which the report command rebuilds the report.
   If the sweep never reaches `on_multirun_end` (bad input, Ctrl-C), an exit hook marks it KILLED.
 - child runs (tag `heisenhunt.kind=arm`, `mlflow.parentRunId`): one per arm x repetition, written by
-  `ArmTracker`. Params `factor.<name>` (every factor on every arm, so the compare view lines arms up),
-  `env.<role>.<NAME>` (redacted), `flags.<role>`, `argv.<role>`, `origin.<role>` (JSON: which factor
-  level, the deployment or the cluster set each env var and flag), `workload.*`, `bench.*`, `signature`.
-  Tags `signature`, `repetition`, `study`, `arm`, `outcomes` (none|partial|complete), `client_bound`,
-  `provenance.<role>.*`, `failure_reason`. Metrics `sessions_*`, `corruption_rate`, `corruption_ci_*`,
-  `tok_s.c<C>`, `ttft_p50_s.c<C>` ... , `startup_s.<role>`, `capture_batches`, `eager_batches`.
-  Artifacts: the resolved config, `stress/` (sessions.jsonl, summary.json, corrupted/), `bench/bench.json`,
-  `logs/`, `failure/`.
+  `ArmTracker`, named `<arm label> #<repetition>`. Params (one line each, so the compare view reads them)
+  `factor.<name>` (every factor on every arm, so the compare view lines arms up), `env.<role>.<NAME>`
+  (redacted), `workload.*`, `bench.*`, `signature`. Tags `signature`, `repetition`, `study`, `arm`,
+  `outcomes` (none|partial|complete), `client_bound`, `provenance.<role>.*`, `failure_reason`.
+  Metrics: first the arm's outcome, `arm.corrupted`, `arm.sessions` (sessions with an outcome), `arm.rate`
+  and its exact interval `arm.rate_ci_low|high` (the `arm.` names sort first in MLflow's alphabetical
+  tables, and `arm.rate` is logged first, so the compare view's chart plots it); then `sessions_total`,
+  `sessions_clean|errored|planned`, `detector.<name>`, `tok_s.c<C>`, `concurrency.c<C>` (achieved),
+  `ttft_p50_s.c<C>` ..., `startup_s.<role>`, `capture_batches`, `eager_batches`.
+  Artifacts: `launch/launch.json` (per role: argv, flags, and origin: which factor level, the deployment
+  or the cluster set each env var and flag), the resolved config, `stress/` (sessions.jsonl, summary.json,
+  corrupted/), `bench/bench.json`, `logs/`, `failure/`.
 
 Every call goes through an explicit `MlflowClient(tracking_uri=...)`: no global MLflow state. Every
 artifact is scanned for the arm's secret env values and uploaded redacted.
@@ -24,6 +31,7 @@ artifact is scanned for the arm's secret env values and uploaded redacted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,7 +39,7 @@ import shlex
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -55,6 +63,16 @@ KIND = "heisenhunt.kind"
 MAX_TAG = 7900  # MLflow's tag value limit is 8000
 MAX_PARAM = 5900  # and 6000 for params
 PARENT_TAG = "mlflow.parentRunId"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI
+# MLflow 3 opens an experiment of this kind on its runs rather than on the GenAI overview
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# a saved view of the experiment's runs page ("Views" menu; opened by `arms_view_url`)
+ARMS_VIEW = "heisenhunt-arms"
+VIEW_TAG = "mlflow.sharedViewState."
+LAUNCH_ARTIFACT = "launch/launch.json"
+# the arm's outcome, named to sort first
+CORRUPTED, SESSIONS, RATE = "arm.corrupted", "arm.sessions", "arm.rate"
+RATE_CI_LOW, RATE_CI_HIGH = "arm.rate_ci_low", "arm.rate_ci_high"
 
 
 # --- shared helpers --------------------------------------------------------------------------------
@@ -64,18 +82,60 @@ def make_client(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
-def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | None = None) -> str:
-    """The id of the experiment `name`, created if missing (safe when jobs race to create it)."""
+def ensure_experiment(
+    client: MlflowClient, name: str, artifact_location: str | None = None, factors: Iterable[str] = ()
+) -> str:
+    """The id of the experiment `name`, created if missing (safe when jobs race to create it), tagged to
+    open on its runs, with the arms view for `factors` (rewritten when the factors change)."""
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location or None)
-    except MlflowException:
+    if exp is None:
+        with contextlib.suppress(MlflowException):  # another job created it first
+            client.create_experiment(
+                name,
+                artifact_location=artifact_location or None,
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
         exp = client.get_experiment_by_name(name)
         if exp is None:
-            raise
-        return exp.experiment_id
+            raise LookupError(f"MLflow experiment {name!r} could not be created")
+    tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}  # also on experiments made before this tag existed
+    if factors:
+        tags[VIEW_TAG + ARMS_VIEW] = arms_view(factors)
+    for key, value in tags.items():
+        if exp.tags.get(key) != value:
+            client.set_experiment_tag(exp.experiment_id, key, value)
+    return exp.experiment_id
+
+
+def _column(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"  # the runs table's column id
+
+
+def arms_view(factors: Iterable[str]) -> str:
+    """The saved runs view (an experiment tag's value, as MLflow's "Views" menu stores it): the arm runs
+    only (not folded under their parent), newest first, a column per factor and the outcome."""
+    state = {
+        "searchFilter": f"tags.`{KIND}` = 'arm'",
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "modelVersionFilter": "All Runs",
+        "datasetsFilter": [],
+        "selectedColumns": [
+            *(_column("params", f"factor.{name}") for name in sorted(factors)),
+            *(_column("metrics", key) for key in (RATE, CORRUPTED, SESSIONS)),
+        ],
+    }
+    return json.dumps(
+        {"name": "arms: factors and corruption", "createdAt": 0, "updatedAt": 0, "state": json.dumps(state)}
+    )
+
+
+def arms_view_url(ui: str, experiment_id: str) -> str:
+    """The UI address of the experiment's arms view, e.g. arms_view_url("http://127.0.0.1:5000", "1")."""
+    query = f"viewStateShareKey={ARMS_VIEW}&workflowType=machine_learning"
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
 def _now_ms() -> int:
@@ -145,9 +205,10 @@ def start_study_run(
         "sweep_dir": str(sweep_dir),
         "design": design,
         "overrides": json.dumps(overrides)[:MAX_TAG],
-        "mlflow.note.content": study.description[:MAX_TAG],
+        NOTE_TAG: study.description[:MAX_TAG],
     }
-    run = client.create_run(exp_id, tags=tags, run_name=f"{study.name} {sweep_dir.name}")
+    # the experiment already names the study: the sweep dir's name (its start time) is short and whole
+    run = client.create_run(exp_id, tags=tags, run_name=sweep_dir.name)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "study.json"
         path.write_text(json.dumps(study.to_dict(), indent=1, sort_keys=True))
@@ -157,11 +218,17 @@ def start_study_run(
     return run.info.run_id
 
 
-def end_study_run(uri: str, run_id: str, paths: list[Path], failure: str | None = None) -> None:
-    """Attach the report files and end the parent run: FINISHED, or FAILED with `failure`."""
+def end_study_run(
+    uri: str, run_id: str, paths: list[Path], failure: str | None = None, headline: str | None = None
+) -> None:
+    """Attach the report files and end the parent run: FINISHED, or FAILED with `failure`. The report's
+    `headline` becomes the first paragraph of the run's description, above the study's."""
     client = make_client(uri)
     for path in paths:
         client.log_artifact(run_id, str(path), "report")
+    if headline:
+        description = client.get_run(run_id).data.tags.get(NOTE_TAG, "")
+        client.set_tag(run_id, NOTE_TAG, f"{headline}\n\n{description}".strip()[:MAX_TAG])
     if failure:
         client.set_tag(run_id, "failure_reason", failure[:MAX_TAG])
     status = RunStatus.FAILED if failure else RunStatus.FINISHED
@@ -180,6 +247,19 @@ def end_run_abandoned(uri: str, run_id: str) -> None:
 # --- child runs: one per arm -----------------------------------------------------------------------
 
 
+def launch_record(plan: ArmPlan) -> dict[str, dict[str, Any]]:
+    """Per role: the launch argv and flags (shell words), and the origin of each env var and flag (which
+    factor level, the deployment or the cluster set it). Stored as `launch/launch.json`, redacted."""
+    return {
+        role: {
+            "argv": shlex.join(rp.argv),
+            "flags": shlex.join(flag_words(rp.flags)),
+            "origin": dict(rp.origin),
+        }
+        for role, rp in sorted(plan.roles.items())
+    }
+
+
 class ArmTracker:
     """One MLflow child run per arm x repetition. Use as a context manager:
 
@@ -196,6 +276,9 @@ class ArmTracker:
         self._secrets = dict(secrets)
         self._ended = False
         self.status: str = "RUNNING"
+        # held until the arm's outcome is logged: the compare view's chart plots a run's first metric
+        self._startup: dict[str, float] = {}
+        self._outcome_logged = False
 
     @classmethod
     def start(
@@ -207,7 +290,7 @@ class ArmTracker:
         parent_run_id: str | None,
     ) -> ArmTracker:
         client = make_client(tracking.uri)
-        exp_id = ensure_experiment(client, study.name, tracking.artifact_location)
+        exp_id = ensure_experiment(client, study.name, tracking.artifact_location, plan.factors)
         label = arm_label(plan.factors, study.baseline)
         tags = {
             KIND: "arm",
@@ -224,22 +307,23 @@ class ArmTracker:
         tracker._log_params(plan)
         return tracker
 
-    # params are immutable in MLflow: logged once, at start
+    # params are immutable in MLflow: logged once, at start. One line each; the launch commands (many
+    # lines in the compare view's table) go to an artifact.
     def _log_params(self, plan: ArmPlan) -> None:
         params = {f"factor.{name}": level for name, level in sorted(plan.factors.items())}
         params["signature"] = plan.signature
         for role, rp in sorted(plan.roles.items()):
             for name, value in sorted(redact_env(rp.env).items()):
                 params[f"env.{role}.{name}"] = value
-            params[f"flags.{role}"] = shlex.join(flag_words(rp.flags))
-            params[f"argv.{role}"] = self.redact(shlex.join(rp.argv))
-            # which factor level (or the deployment, or the cluster) set each env var and flag
-            params[f"origin.{role}"] = json.dumps(rp.origin, sort_keys=True, separators=(",", ":"))
         params.update(_flatten("workload", asdict(plan.workload)))
         params.update(_flatten("bench", asdict(plan.bench)))
         items = [Param(k, self.redact(v)[:MAX_PARAM]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(LAUNCH_ARTIFACT).name
+            path.write_text(json.dumps(launch_record(plan), indent=1, sort_keys=True) + "\n")
+            self.log_artifact(path, str(Path(LAUNCH_ARTIFACT).parent))
 
     def redact(self, text: str) -> str:
         return redact_text(text, self._secrets)
@@ -263,28 +347,34 @@ class ArmTracker:
         self._tags({f"provenance.{role}.{key}": value for key, value in info.items()})
 
     def log_startup(self, seconds_by_role: Mapping[str, float]) -> None:
-        self._metrics({f"startup_s.{role}": s for role, s in seconds_by_role.items()})
+        """Logged after the arm's outcome (log_stress), or at the end of the run if it has none."""
+        self._startup |= {f"startup_s.{role}": s for role, s in seconds_by_role.items()}
+        if self._outcome_logged or self._ended:
+            self._flush_startup()
+
+    def _flush_startup(self) -> None:
+        held, self._startup = self._startup, {}
+        self._metrics(held)
 
     def log_stress(self, summary: StressSummary, out_dir: Path | None) -> None:
         """Counts, rate and its exact interval; partial when fewer sessions than planned have an outcome."""
         n = summary.clean + summary.corrupted
         lo, hi = clopper_pearson(summary.corrupted, n)
-        metrics = {
+        metrics: dict[str, float] = {RATE: summary.corrupted / n} if n else {}  # first: see _startup
+        metrics |= {CORRUPTED: summary.corrupted, SESSIONS: n}
+        if n:
+            metrics |= {RATE_CI_LOW: lo, RATE_CI_HIGH: hi}
+        metrics |= {
             "sessions_total": summary.sessions,
             "sessions_clean": summary.clean,
-            "sessions_corrupted": summary.corrupted,
             "sessions_errored": summary.errored,
             "sessions_planned": summary.planned,
             "stress_duration_s": summary.duration_s,
         }
-        if n:
-            metrics |= {
-                "corruption_rate": summary.corrupted / n,
-                "corruption_ci_low": lo,
-                "corruption_ci_high": hi,
-            }
         metrics |= {f"detector.{name}": count for name, count in summary.by_detector.items()}
         self._metrics(metrics)
+        self._outcome_logged = True
+        self._flush_startup()
         self._tags({"outcomes": "partial" if summary.partial else "complete"})
         if out_dir is None:
             return
@@ -311,7 +401,7 @@ class ArmTracker:
                 f"itl_p50_s.{c}": lv.itl_s.p50,
                 f"itl_p99_s.{c}": lv.itl_s.p99,
                 f"tpot_p50_s.{c}": lv.tpot_s.p50,
-                f"achieved_concurrency.{c}": lv.achieved_concurrency,
+                f"concurrency.{c}": lv.achieved_concurrency,  # not "achieved_...": the arm.* sort first
                 f"missing_usage.{c}": lv.missing_usage,
             }
         self._metrics(metrics)
@@ -381,6 +471,7 @@ class ArmTracker:
 
     def _end(self, status: str) -> None:
         if not self._ended:
+            self._flush_startup()
             self.client.set_terminated(self.run_id, status)
             self._ended, self.status = True, status
 
@@ -457,10 +548,20 @@ def _bench_from_metrics(metrics: Mapping[str, float]) -> tuple[LevelSample, ...]
     return tuple(sorted(levels, key=lambda lv: lv.concurrency))
 
 
-def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
-    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+def read_launch(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, dict[str, Any]] | None:
+    """A run's `launch/launch.json` (see launch_record), or None when it has none (runs logged before it)."""
+    try:
+        path = client.download_artifacts(run_id, LAUNCH_ARTIFACT, str(tmp))
+    except (MlflowException, OSError):
+        return None
+    return json.loads(Path(path).read_text())
+
+
+def _launch_config(client: MlflowClient, run: Any, tmp: Path) -> dict[str, dict[str, Any]]:
+    """role -> {"env", "flags", "argv", "origin"}: env from the params, the rest from launch.json, or from
+    the `flags.|argv.|origin.<role>` params of runs logged before launch.json."""
     config: dict[str, dict[str, Any]] = {}
-    for key, value in params.items():
+    for key, value in run.data.params.items():
         kind, _, rest = key.partition(".")
         role = rest.partition(".")[0]
         if kind in ("env", "flags", "argv", "origin"):
@@ -471,6 +572,15 @@ def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
             config[role][kind] = value
         elif kind == "origin":
             config[role]["origin"] = json.loads(value)
+    for role, launch in (read_launch(client, run.info.run_id, tmp / run.info.run_id) or {}).items():
+        config.setdefault(role, {"env": {}})
+        config[role] |= {k: launch[k] for k in ("argv", "flags", "origin")}
+    return {role: config[role] for role in sorted(config)}
+
+
+def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    config = _launch_config(client, run, tmp)
     bench: tuple[LevelSample, ...] = ()
     if tags.get("bench") == "logged" and run.info.status == "FINISHED":
         bench = _bench_levels(client, run.info.run_id, tmp / run.info.run_id) or _bench_from_metrics(metrics)
@@ -483,13 +593,14 @@ def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
         factors={k.removeprefix("factor."): v for k, v in sorted(params.items()) if k.startswith("factor.")},
         outcomes=outcomes if outcomes in ("partial", "complete") else "none",
         clean=int(metrics.get("sessions_clean", 0)),
-        corrupted=int(metrics.get("sessions_corrupted", 0)),
+        # runs logged before the arm.* names have sessions_corrupted
+        corrupted=int(metrics.get(CORRUPTED, metrics.get("sessions_corrupted", 0))),
         errored=int(metrics.get("sessions_errored", 0)),
         planned=int(metrics.get("sessions_planned", 0)),
         reason=tags.get("failure_reason", ""),
         client_bound=tags.get("client_bound") == "true",
         bench=bench,
-        config={role: config[role] for role in sorted(config)},
+        config=config,
         facts={
             k: float(metrics[k])
             for k in ("capture_batches", "eager_batches", "bootstrap_failures")

@@ -12,12 +12,17 @@ from orchestrator.callbacks import StudyCallback
 from orchestrator.config import load_job
 from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 from orchestrator.tracking import (
+    ARMS_VIEW,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     PARENT_ENV,
     PARENT_FILE,
+    VIEW_TAG,
     ArmTracker,
     finished_runs,
     load_study,
     parent_run_id,
+    read_launch,
 )
 from tests.conftest import job_and_plan
 
@@ -139,8 +144,20 @@ def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
         assert run.data.tags["provenance.decode.git_sha"] == "abc123"
         assert run.data.metrics["startup_s.decode"] == 2.0
         assert "workload.sessions" in run.data.params and "bench.concurrency" in run.data.params
-        assert "--disaggregation-mode" in run.data.params["argv.decode"]
+        # one-line params only: the launch command words are an artifact
+        assert not any(
+            "\n" in v or k.startswith(("argv.", "flags.", "origin.")) for k, v in run.data.params.items()
+        )
+        launch = read_launch(client_for(cfg), run.info.run_id, tmp_path / run.info.run_id)
+        assert "--disaggregation-mode" in launch["decode"]["argv"]
+        assert launch["decode"]["origin"]["env SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"].startswith("factor.")
     assert base.data.tags["arm"] == "baseline" and off.data.tags["arm"] == "multi_stream=off"
+    assert (base.info.run_name, off.info.run_name) == ("baseline #1", "multi_stream=off #1")
+    exp = client_for(cfg).get_experiment(base.info.experiment_id)
+    assert exp.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND  # opens on its runs, not the GenAI overview
+    view = json.loads(json.loads(exp.tags[VIEW_TAG + ARMS_VIEW])["state"])
+    assert "params.`factor.multi_stream`" in view["selectedColumns"]
+    assert "metrics.`arm.rate`" in view["selectedColumns"]
 
 
 def test_failed_and_killed_statuses(cfg_for):
@@ -206,6 +223,7 @@ def test_interrupted_stress_keeps_partial_outcomes(cfg_for, tmp_path):
         pytest.raises(KeyboardInterrupt),
         ArmTracker.start(job.tracking, job.study, plan, 0, None) as tracker,
     ):
+        tracker.log_startup({"decode": 2.0})
         tracker.log_stress(summary, tmp_path / "stress")
         raise KeyboardInterrupt
     client = client_for(cfg)
@@ -213,13 +231,16 @@ def test_interrupted_stress_keeps_partial_outcomes(cfg_for, tmp_path):
     assert run.info.status == "KILLED"
     assert run.data.tags["outcomes"] == "partial"
     m = run.data.metrics
-    assert (m["sessions_corrupted"], m["sessions_clean"], m["sessions_errored"], m["sessions_planned"]) == (
+    assert (m["arm.corrupted"], m["sessions_clean"], m["sessions_errored"], m["sessions_planned"]) == (
         3,
         20,
         2,
         60,
     )
-    assert m["corruption_rate"] == pytest.approx(3 / 23)
+    assert m["arm.sessions"] == 23 and m["arm.rate"] == pytest.approx(3 / 23)
+    # the outcome sorts first and is logged first (the compare view's chart plots a run's first metric)
+    assert sorted(m)[:3] == ["arm.corrupted", "arm.rate", "arm.rate_ci_high"]
+    assert next(iter(m)) == "arm.rate" and m["startup_s.decode"] == 2.0
     names = {a.path for a in client.list_artifacts(tracker.run_id, "stress")}
     assert {"stress/sessions.jsonl", "stress/summary.json", "stress/corrupted"} <= names
     assert len(client.list_artifacts(tracker.run_id, "stress/corrupted")) == 3
