@@ -73,9 +73,10 @@ WORDS = tuple(_WORDS_TEXT.split())
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What one sweep does; built by `run_bench` from its arguments, written into bench.json."""
+    """What one sweep does, written into bench.json. Per level: `requests_per_level` requests, or
+    `duration_s` seconds, or (neither given) `requests_per_worker` x C requests."""
 
-    url: str
+    url: str  # a server or router base URL
     concurrency_levels: tuple[int, ...] = DEFAULT_LEVELS
     requests_per_level: int | None = None  # a fixed count per level; None: requests_per_worker x C
     requests_per_worker: int = 4  # rounds of the closed loop per level, when requests_per_level is None
@@ -84,11 +85,13 @@ class BenchConfig:
     output_len: int = 128  # max_tokens, with ignore_eos
     model: str = "default"
     warmup_requests: int = 2
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # per request
     seed: int = 0
     thresholds: AuditThresholds = field(default_factory=AuditThresholds)
 
     def __post_init__(self) -> None:
+        # a list from a config or the CLI is fine; the config stays hashable and its levels ints
+        object.__setattr__(self, "concurrency_levels", tuple(int(c) for c in self.concurrency_levels))
         if not self.concurrency_levels or any(c < 1 for c in self.concurrency_levels):
             raise ValueError(f"concurrency levels must be >= 1: {self.concurrency_levels}")
         if self.requests_per_level is not None and self.duration_s is not None:
@@ -220,40 +223,8 @@ async def _warm_up(session: Any, config: BenchConfig) -> None:
         log.warning("warm-up: %d of %d requests failed; first: %s", len(failed), count, failed[0])
 
 
-async def run_bench(
-    url: str,
-    concurrency_levels: Sequence[int] = DEFAULT_LEVELS,
-    requests_per_level: int | None = None,
-    duration_s: float | None = None,
-    input_len: int = 512,
-    output_len: int = 128,
-    model: str = "default",
-    warmup_requests: int = 2,
-    timeout_s: float = 120.0,
-    out_dir: str | Path | None = None,
-    seed: int = 0,
-    thresholds: AuditThresholds | None = None,
-    requests_per_worker: int = 4,
-) -> BenchResult:
-    """Run the sweep against `url` (a server or router base URL); write out_dir/bench.json if given.
-
-    Per level: `requests_per_level` requests, or `duration_s` seconds, or (neither given)
-    `requests_per_worker` x C requests. `timeout_s` bounds each request.
-    """
-    config = BenchConfig(
-        url=url,
-        concurrency_levels=tuple(int(c) for c in concurrency_levels),
-        requests_per_level=requests_per_level,
-        requests_per_worker=requests_per_worker,
-        duration_s=duration_s,
-        input_len=input_len,
-        output_len=output_len,
-        model=model,
-        warmup_requests=warmup_requests,
-        timeout_s=timeout_s,
-        seed=seed,
-        thresholds=thresholds or AuditThresholds(),
-    )
+async def run_bench(config: BenchConfig, out_dir: str | Path | None = None) -> BenchResult:
+    """Run the sweep `config` describes; write out_dir/bench.json (after each level) if given."""
     result = BenchResult(levels=[])
     async with open_session(max(config.concurrency_levels)) as session:
         await _warm_up(session, config)
@@ -264,9 +235,9 @@ async def run_bench(
     return result
 
 
-def run_bench_sync(url: str, **kwargs: Any) -> BenchResult:
+def run_bench_sync(config: BenchConfig, out_dir: str | Path | None = None) -> BenchResult:
     """`run_bench` for callers without an event loop."""
-    return asyncio.run(run_bench(url, **kwargs))
+    return asyncio.run(run_bench(config, out_dir))
 
 
 # --- bench.json ------------------------------------------------------------------------------------
@@ -331,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.workload.bench", description=__doc__.split("\n")[0]
     )
+    defaults = BenchConfig
     parser.add_argument("--url", required=True, help="server or router base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument(
         "--concurrency", default=",".join(map(str, DEFAULT_LEVELS)), help="comma-separated levels"
@@ -339,20 +311,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     amount.add_argument("--requests", type=int, default=None, help="per level (default: --rounds x C)")
     amount.add_argument("--duration", type=float, default=None, help="seconds per level instead of a count")
     parser.add_argument(
-        "--rounds", type=int, default=4, help="requests per worker when --requests is not given"
+        "--rounds",
+        type=int,
+        default=defaults.requests_per_worker,
+        help="requests per worker when --requests is not given",
     )
-    parser.add_argument("--input-len", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=120.0, help="per request, seconds")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--input-len", type=int, default=defaults.input_len)
+    parser.add_argument("--output-len", type=int, default=defaults.output_len)
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup_requests)
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="per request, seconds")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", required=True, help="directory for bench.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    result = run_bench_sync(
-        args.url,
-        concurrency_levels=[int(c) for c in args.concurrency.split(",") if c.strip()],
+    config = BenchConfig(
+        url=args.url,
+        concurrency_levels=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
         requests_per_level=args.requests,
         requests_per_worker=args.rounds,
         duration_s=args.duration,
@@ -361,9 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         model=args.model,
         warmup_requests=args.warmup,
         timeout_s=args.timeout,
-        out_dir=args.out,
         seed=args.seed,
     )
+    result = run_bench_sync(config, out_dir=args.out)
     print(format_table(result))
     print(f"wrote {Path(args.out) / 'bench.json'}")
     return 0

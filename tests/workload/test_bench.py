@@ -119,14 +119,16 @@ def test_measured_throughput_matches_the_sims_own_count(sim_url: str, concurrenc
     requests = max(2, concurrency)
     before = sim_counters(sim_url)
     result = run_bench_sync(
-        sim_url,
-        concurrency_levels=[concurrency],
-        requests_per_level=requests,
-        input_len=8,
-        output_len=OUTPUT_LEN,
-        model="sim-model",
-        warmup_requests=0,
-        timeout_s=60,
+        BenchConfig(
+            url=sim_url,
+            concurrency_levels=(concurrency,),
+            requests_per_level=requests,
+            input_len=8,
+            output_len=OUTPUT_LEN,
+            model="sim-model",
+            warmup_requests=0,
+            timeout_s=60,
+        )
     )
     after = sim_counters(sim_url)
     level = result.levels[0]
@@ -162,14 +164,16 @@ def test_response_without_usage_is_counted_not_estimated(sim_url: str):
 
 def test_duration_mode_keeps_the_loop_closed_until_the_deadline(sim_url: str):
     result = run_bench_sync(
-        sim_url,
-        concurrency_levels=[4],
-        duration_s=0.6,
-        input_len=8,
-        output_len=16,
-        model="sim-model",
-        warmup_requests=1,
-        timeout_s=30,
+        BenchConfig(
+            url=sim_url,
+            concurrency_levels=(4,),
+            duration_s=0.6,
+            input_len=8,
+            output_len=16,
+            model="sim-model",
+            warmup_requests=1,
+            timeout_s=30,
+        )
     )
     level = result.levels[0]
     assert level.errors == 0
@@ -181,13 +185,15 @@ def test_duration_mode_keeps_the_loop_closed_until_the_deadline(sim_url: str):
 def test_unreachable_server_gives_errors_not_an_exception(tmp_path: Path):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     result = run_bench_sync(
-        url,
-        concurrency_levels=[2],
-        requests_per_level=4,
-        input_len=8,
-        output_len=8,
-        warmup_requests=1,
-        timeout_s=5,
+        BenchConfig(
+            url=url,
+            concurrency_levels=(2,),
+            requests_per_level=4,
+            input_len=8,
+            output_len=8,
+            warmup_requests=1,
+            timeout_s=5,
+        ),
         out_dir=tmp_path,
     )
     level = result.levels[0]
