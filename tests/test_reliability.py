@@ -326,7 +326,7 @@ def test_an_interrupt_mid_stress_tears_down_every_host_and_keeps_the_partial_out
     # the report command (from MLflow alone) uses them, marked partial
     report = study.report_cli()
     [arm] = report["arms"]
-    assert arm["partial"] and arm["n"] == metrics["sessions_clean"] + metrics["sessions_corrupted"]
+    assert arm["partial"] and arm["n"] == metrics["arm.sessions"]
     [problem] = report["problem_runs"]
     assert problem["status"] == "KILLED" and problem["used"]
     assert "partial" in study.report_md()
@@ -379,13 +379,13 @@ def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm
     # every session that ran has its outcome; those cut off by the death are errored, none corrupted;
     # sessions never started are left out, so the run is marked partial (planned > sessions)
     assert m["sessions_planned"] == 24 and m["sessions_total"] == jsonl_lines(sessions) >= 3
-    assert m["sessions_errored"] >= 1 and m["sessions_corrupted"] == 0
+    assert m["sessions_errored"] >= 1 and m["arm.corrupted"] == 0
     assert m["sessions_clean"] + m["sessions_errored"] == m["sessions_total"]
     outcomes = [json.loads(line) for line in sessions.read_text().splitlines()]
     assert len({o["session_id"] for o in outcomes}) == len(outcomes)
     assert all(o["error"] for o in outcomes if o["status"] == "errored")
     # the corruption numbers leave errored sessions out: n counts clean + corrupted only
-    assert m["corruption_rate"] == 0.0
+    assert m["arm.rate"] == 0.0
     report = json.loads((study.reports / STUDY / "report.json").read_text())
     [arm] = report["arms"]
     assert (
@@ -695,12 +695,12 @@ def test_a_thousand_concurrent_sessions_through_the_router_lose_no_outcome(study
         and run.data.tags["outcomes"] == "complete"
     )
     assert m["sessions_errored"] == 0, [o["error"] for o in outcomes if o["status"] == "errored"][:5]
-    assert m["sessions_clean"] + m["sessions_corrupted"] == LOAD_SESSIONS
+    assert m["arm.sessions"] == LOAD_SESSIONS
     summary = json.loads((study.job_dir(0) / "stress" / "summary.json").read_text())
     assert summary["settings"]["concurrency"] == LOAD_SESSIONS  # all at once
     print(
         f"{LOAD_SESSIONS} concurrent sessions: stress {m['stress_duration_s']:.1f}s, arm {elapsed:.1f}s, "
-        f"{int(m['sessions_corrupted'])} corrupted, 0 errored"
+        f"{int(m['arm.corrupted'])} corrupted, 0 errored"
     )
     assert not study.live_servers() and not study.listening()
 
