@@ -4,15 +4,17 @@ the level of session outcomes, through the same analysis that judges real runs (
     python -m orchestrator.rehearse +experiment=<study> [fault_model=PATH] [rehearse.studies=N]
         [rehearse.seed=S] [rehearse.json=OUT] [rehearse.restart_icc=RHO] [other Hydra overrides]
 
+e.g. `... repetition=0,1,2,3` rehearses four runs per arm, as the same override would run them.
+
 The study, its design and its workload come from the composed config, as `python -m orchestrator`
 sees them: the arms are the baseline and each hypothesis' treatment arm (the arms its verdicts use),
-`repetition` of the sweep gives the runs per arm, `workload.sessions` the sessions per run. Each arm's
-truth comes from the fault model (the built-in one, or `fault_model=PATH`): the arm is planned as a
-real job would be (`plan.plan_arm`), its two roles' effective configs (parsed by the sim's own
-parsers) pick the model's rule, and the rule gives
+`repetition` of the sweep (or of the command line) gives the runs per arm, `workload.sessions` the
+sessions per run. Each arm's truth comes from the fault model (the built-in one, or
+`fault_model=PATH`): the arm is planned as a real job would be (`plan.plan_arm`), its two roles'
+effective configs (parsed by the sim's own parsers) pick the model's rule, and the rule gives
 - the session rate q = 1 - (1 - p)^rounds, p the rule's per-turn probability at the workload's
   concurrency (every session concurrent unless `workload.concurrency` says otherwise: the decode's load
-  is about that; `tests/test_rehearse.py` checks it against a real sim run), and
+  is about that; `tests/sim/test_rehearse_sim.py` checks it against a real sim run), and
 - the rule's `restart_icc` rho: each run (server start) draws its rate from Beta(mean q, ICC rho), as
   the sim does (docs/fault-model.md); `rehearse.restart_icc` replaces every rule's value.
 
@@ -231,10 +233,29 @@ def _role_configs(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]
     return configs
 
 
-def _repetitions(cfg) -> int:
-    """Runs per arm: the sweep's `repetition` values (the experiment's, else the default sweep's)."""
+def sweep_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, int]]:
+    """(the overrides compose accepts, {key: number of values} of the sweep overrides such as
+    `repetition=0,1,2,3`, which only a multirun could take)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain, sweeps = [], {}
+    for text, parsed in zip(
+        overrides, OverridesParser.create().parse_overrides(list(overrides)), strict=True
+    ):
+        if parsed.is_sweep_override():
+            sweeps[parsed.get_key_element()] = len(list(parsed.sweep_string_iterator()))
+        else:
+            plain.append(text)
+    return plain, sweeps
+
+
+def _repetitions(cfg, sweeps: Mapping[str, int]) -> int:
+    """Runs per arm: the command line's `repetition=...` sweep, else the experiment's sweep, else the
+    default sweep's."""
     from omegaconf import OmegaConf
 
+    if "repetition" in sweeps:
+        return sweeps["repetition"]
     sweeper = cfg.hydra.sweeper
     for params in (OmegaConf.select(sweeper, "params"), OmegaConf.select(sweeper, "default_params")):
         if params and "repetition" in params:
@@ -271,7 +292,8 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
     from orchestrator.plan import plan_arm
     from orchestrator.sim.faults import load_fault_model
 
-    options, overrides = split_args(argv)
+    options, given = split_args(argv)
+    overrides, sweeps = sweep_overrides(given)
     model = load_fault_model(options.get("fault_model") or None)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
@@ -290,7 +312,7 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
 
         icc = float(options["restart_icc"]) if "restart_icc" in options else None
         arms = arm_truths(spec, compose_arm, model, rounds, load, icc)
-        runs = _repetitions(cfg)
+        runs = _repetitions(cfg, sweeps)
     result = rehearse(
         spec,
         arms,

@@ -263,3 +263,12 @@ def test_unknown_option_is_refused():
         cwd=REPO,
     )
     assert done.returncode != 0 and "rehearse.studies" in done.stderr
+
+
+def test_a_repetition_sweep_on_the_command_line_sets_the_runs_per_arm():
+    from orchestrator.rehearse import sweep_overrides
+
+    plain, sweeps = sweep_overrides(
+        ["+experiment=dsv4_corruption", "repetition=0,1,2,3", "workload.rounds=2"]
+    )
+    assert plain == ["+experiment=dsv4_corruption", "workload.rounds=2"] and sweeps == {"repetition": 4}

@@ -39,11 +39,14 @@ def corruption_rates(c, reps: int) -> list[float]:
     ids=["baseline", "no-hicache"],
 )
 def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm, low, high, reps):
-    """Measured with the orchestrator's own stress runner and oracle (orchestrator/workload/stress.py)."""
+    """Measured with the orchestrator's own stress runner and oracle (orchestrator/workload/stress.py).
+    The bands are averages over server starts (each start draws its own rate: restart_icc), so every
+    repetition is a fresh co-restarted deployment."""
     c = cluster(time_scale=0.05)
-    c.start_all(arm)
     rates = []
     for rep in range(reps):
+        c.stop_all()
+        c.start_all(arm)
         before = sim_counters(c.procs["decode"].url)["corrupted_turns"]
         summary = run_stress_sync(
             StressSettings(
