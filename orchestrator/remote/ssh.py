@@ -27,14 +27,16 @@ persistent shell instead (`ssh.persistent_shell`, on by default): one long-lived
 started once through the login shell, reading command lines from its stdin. Each command still runs
 as its own `sh -c '<line>'` child with stdin from /dev/null, so nothing (cwd, variables, `exit`)
 carries over from one command to the next; its stdout and stderr go to two files in the shell's
-private temp directory, sent back after it exits, each framed by an end marker carrying a random
-token (and, on stdout, the exit status). A command costs a few ms. A thread takes an idle shell or
+private temp directory, sent back after it exits, each framed by markers carrying a random token
+and the exit status (a command killed by signal N reads 128+N, as `$?`; a session per command gave
+-1). A command costs a few ms. A thread takes an idle shell or
 opens one (at most `ssh.max_sessions` commands at a time, as before); a shell found dead is
 reopened, and a command the shell never started is sent once more, on a fresh shell. A command
-that times out is killed with its shell (SIGKILL, as the local transport kills its child), and
-the next command opens a new one. A host whose shell cannot start falls back to a session per
-command, with a warning. Output a command's background child writes after the command exited is
-dropped (it went to the command's own file), where a session per command would wait for it.
+that times out is killed with its shell and what it started (SIGKILL to the shell's process
+group; servers started detached have their own), and the next command opens a new shell. A host
+whose shell cannot start falls back to a session per command, with a warning. Output a command's
+background child writes after the command exited is dropped (it went to the command's own file),
+where a session per command would wait for it.
 
 Lifecycle: built at the edge from the cluster config (`remote.make_transport`), used for one arm,
 closed in a `finally`; processes started detached keep running after `close()`.
@@ -908,17 +910,22 @@ class SSHTransport(Transport):
         return _Shell(chan, pid, tmp)
 
     def _kill(self, shell: _Shell) -> None:
-        """End the shell of a timed-out command: SIGKILL to the shell and the command (the local
-        transport kills its child so), its temp directory removed; the next command opens a new one."""
-        shell.chan.close()
+        """End the shell of a timed-out command: SIGKILL to the shell's process group (sshd made it a
+        session leader), so to the command and all it started there, though not to servers started
+        detached (they have their own session); its temp directory removed; the next command opens a
+        new shell. Killed before its session is closed: a closed session ends the shell at once, and
+        the command, orphaned, would be out of reach. A shell that leads no group: it and its children."""
+        children = f"$(ps -e -o pid=,ppid= | awk -v p={shell.pid} '$2 == p {{print $1}}')"
         line = (
-            f"p={shell.pid}; c=$(ps -e -o pid=,ppid= | awk -v p=\"$p\" '$2 == p {{print $1}}'); "
-            f'kill -KILL "$p" $c 2>/dev/null; rm -rf {shlex.quote(shell.tmp)}; true'
+            f"kill -KILL -{shell.pid} 2>/dev/null || kill -KILL {shell.pid} {children} 2>/dev/null; "
+            f"rm -rf {shlex.quote(shell.tmp)}; true"
         )
         try:
             self._run_in_session(line, timeout=min(10.0, self.options.connect_timeout_s))
         except TransportError as e:
             log.warning("%s: could not kill the shell of a timed-out command: %s", self.host, e)
+        finally:
+            shell.chan.close()
 
     # --- a session per command (ssh.persistent_shell: false, and the fallback) ---------------------------
 
