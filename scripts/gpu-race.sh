@@ -32,6 +32,7 @@ PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
   --platform manylinux1_x86_64)
 STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-480}
+EXPERIMENT=${EXPERIMENT:-gpu_race} # or gpu_race_restarts (its study name is the experiment's name)
 
 prepare() {
   local commit=${1:-HEAD}
@@ -68,12 +69,12 @@ rehearse() {
   rm -rf "$out"
   mkdir -p "$out"
   cd "$RUN/tree"
-  PYTHONPATH=$RUN/tree timeout 600 python3 -m orchestrator -m +experiment=gpu_race \
+  PYTHONPATH=$RUN/tree timeout 600 python3 -m orchestrator -m +experiment="$EXPERIMENT" \
     deployment.roles.decode.env.HEISENHUNT_DECODE_ENGINE=tests.gpu.scripted:ScriptedRowsEngine \
     workload.sessions=12 workload.rounds=2 'bench.concurrency=[1]' bench.requests_per_worker=1 \
     report.dir="$out/reports" tracking.uri="sqlite:///$out/mlruns.db" \
     hydra.sweep.dir="$out/multirun" "$@" 2>&1 | tail -40
-  pack "$out" "$out/reports/gpu_race" "$out/results"
+  pack "$out" "$out/reports/$EXPERIMENT" "$out/results"
   echo "rehearsal results in $out/results (collect them with: scripts/gpu-race.sh collect $out/results)"
 }
 
@@ -83,7 +84,7 @@ pack() {
   mkdir -p "$dest/logs"
   cp -r "$report" "$dest/study" 2>/dev/null || echo "no report at $report" >&2
   local decode_logs=$HOME/.cache/heisenhunt/local/decode/logs
-  for d in "$decode_logs"/gpu_race-*; do
+  for d in "$decode_logs"/"$EXPERIMENT"-*; do
     [ -f "$d/decode.log" ] && cp "$d/decode.log" "$dest/logs/$(basename "$d").decode.log"
   done
   cp -r "$RUN/tree/gpu-counters" "$dest/counters" 2>/dev/null || mkdir -p "$dest/counters"
@@ -92,7 +93,7 @@ pack() {
 device() {
   RUN=$(cd "$ROOT/.." && pwd) # this script runs from the snapshot, .gpu-run/tree/scripts/
   local t0=$SECONDS tree=$RUN/tree res=/tmp/gpu-race-results
-  rm -rf "$res" /tmp/site-gpu "$tree/gpu-counters" "$HOME"/.cache/heisenhunt/local/decode/logs/gpu_race-*
+  rm -rf "$res" /tmp/site-gpu "$tree/gpu-counters" "$HOME"/.cache/heisenhunt/local/decode/logs/"$EXPERIMENT"-*
   mkdir -p "$res"
   tar -C /tmp -xJf "$RUN/site.tar.xz"
   export PYTHONPATH=/tmp/site-gpu:$tree PYTHONUNBUFFERED=1
@@ -103,10 +104,15 @@ device() {
     python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   } | tee "$res/device.txt"
   echo "== unpacked in $((SECONDS - t0)) s"
-  python3 -m orchestrator.gpu.probe --replays 40 --starts 2 --workspace-kib 2 --out "$res/probe.json" \
-    | tee "$res/probe.log" || echo "probe failed" >&2
   local tests_rc=0
-  python3 -m pytest -q -p no:cacheprovider tests/gpu >"$res/gpu-tests.log" 2>&1 || tests_rc=$?
+  if [ -z "${SKIP_PROBE:-}" ]; then
+    python3 -m orchestrator.gpu.probe --replays 40 --starts 2 --workspace-kib 2 --out "$res/probe.json" \
+      | tee "$res/probe.log" || echo "probe failed" >&2
+    python3 -m pytest -q -p no:cacheprovider tests/gpu >"$res/gpu-tests.log" 2>&1 || tests_rc=$?
+  else # the real engine behind the server, the one GPU test the study cannot do without
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k real_engine \
+      >"$res/gpu-tests.log" 2>&1 || tests_rc=$?
+  fi
   tail -5 "$res/gpu-tests.log"
   echo "== probe and GPU tests (status $tests_rc) done at $((SECONDS - t0)) s"
   local t_study=$SECONDS
@@ -114,13 +120,13 @@ device() {
     # a decode that cannot start would cost every arm its whole health timeout
     echo "GPU tests failed: study skipped (FORCE_STUDY=1 runs it anyway)" | tee "$res/study.log"
   else
-    timeout "$STUDY_TIMEOUT_S" python3 -m orchestrator -m +experiment=gpu_race "$@" >"$res/study.log" 2>&1 \
+    timeout "$STUDY_TIMEOUT_S" python3 -m orchestrator -m +experiment="$EXPERIMENT" "$@" >"$res/study.log" 2>&1 \
       || echo "study ended with status $?" | tee -a "$res/study.log"
     tail -25 "$res/study.log"
   fi
   echo "study_s=$((SECONDS - t_study)) total_s=$((SECONDS - t0))" | tee "$res/timing.txt"
-  pack "$tree" "$tree/reports/gpu_race" "$res"
-  tar -C "$res" -czf "${OUT:-/tmp}/gpu_race_results.tar.gz" .
+  pack "$tree" "$tree/reports/$EXPERIMENT" "$res"
+  tar -C "$res" -czf "${OUT:-/tmp}/${EXPERIMENT}_results.tar.gz" .
   ls -la "${OUT:-/tmp}"
 }
 
@@ -128,13 +134,15 @@ collect() {
   local src=$1
   shift
   local dir=$src
-  if [ -f "$src/gpu_race_results.tar.gz" ]; then
-    dir=/tmp/gpu-race-collected
+  if [ -f "$src/${EXPERIMENT}_results.tar.gz" ]; then
+    dir=/tmp/$EXPERIMENT-collected
     rm -rf "$dir"
     mkdir -p "$dir"
-    tar -C "$dir" -xzf "$src/gpu_race_results.tar.gz"
+    tar -C "$dir" -xzf "$src/${EXPERIMENT}_results.tar.gz"
   fi
-  python3 -m orchestrator.gpu.report "$dir" --out "$ROOT/reports/gpu_race" "$@"
+  local dest=$ROOT/reports/gpu_race
+  [ "$EXPERIMENT" = gpu_race ] || dest=$dest/${EXPERIMENT#gpu_race_}
+  python3 -m orchestrator.gpu.report "$dir" --out "$dest" "$@"
 }
 
 cmd=${1:-}

@@ -216,7 +216,7 @@ def render_section(
     return "\n".join(out) + "\n"
 
 
-def bucket_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+def bucket_plot(rows: Sequence[Mapping[str, Any]], path: Path, study: str) -> Path:
     """Fraction of steps that mismatched, per bucket, one line per arm (its starts pooled)."""
     import matplotlib
 
@@ -245,7 +245,7 @@ def bucket_plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_ylabel("decode steps whose indexer mismatched, %")
     ax.set_ylim(-3, 103)
     ax.legend(fontsize=7)
-    ax.set_title("gpu_race: mismatching steps per bucket")
+    ax.set_title(f"{study}: mismatching steps per bucket")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "gpu_buckets.json").write_text(
         json.dumps({"device": device, "starts": rows, "variation": var, "probe": probe}, indent=1)
     )
-    bucket_plot(rows, args.out / "buckets.png")
+    bucket_plot(rows, args.out / "buckets.png", report["study"]["name"])
     print(f"wrote {args.out}/report.md (+ GPU section), gpu_buckets.json, buckets.png")
     return 0
 

@@ -100,7 +100,7 @@ def test_the_cli_appends_its_section_to_the_studys_report(tmp_path):
     res = tmp_path / "results"
     for d in ("study", "logs", "counters"):
         (res / d).mkdir(parents=True)
-    (res / "study" / "report.json").write_text(json.dumps(REPORT))
+    (res / "study" / "report.json").write_text(json.dumps({**REPORT, "study": {"name": "gpu_race"}}))
     (res / "study" / "report.md").write_text("# gpu_race: verdicts\n")
     (res / "logs" / "gpu_race-aaaaaaaaaaaa-r0.decode.log").write_text(LOG)
     (res / "counters" / "decode-1.json").write_text(json.dumps(counters(42, 3)))
