@@ -22,11 +22,10 @@ import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from orchestrator.remote.local import LocalTransport
-from orchestrator.sim.launch import server_launch
+from orchestrator.sim.launch import server_launch, wait_healthy
 from orchestrator.workload.client import SSEParser, chat_payload, open_session, stream_chat
 from orchestrator.workload.detect import check_turn
 from orchestrator.workload.stress import StressSettings, run_stress
@@ -42,17 +41,14 @@ def free_port() -> int:
 def start_sim(transport: LocalTransport, work: Path, extra_args: list[str]) -> tuple[int, str]:
     launch = server_launch(free_port(), time_scale=0, flags=["--disable-cuda-graph", *extra_args])
     pid = transport.start_detached(launch.argv, launch.env, str(work / "sim.log"), str(work / "sim.pid"))
-    url = launch.url
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return pid, url
-        except OSError:
-            time.sleep(0.1)
-    transport.stop_group(pid)
-    raise RuntimeError(f"sim not healthy: {transport.read_text_tail(str(work / 'sim.log'))}")
+    try:
+        wait_healthy(
+            launch.url, timeout_s=60, log_tail=lambda: transport.read_text_tail(str(work / "sim.log"))
+        )
+    except RuntimeError:
+        transport.stop_group(pid)
+        raise
+    return pid, launch.url
 
 
 async def record_turn(url: str) -> bytes:

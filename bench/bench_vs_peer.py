@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script from a checkout; the package is normally installed
 
 from orchestrator.remote.local import LocalTransport  # noqa: E402
-from orchestrator.sim.launch import server_launch  # noqa: E402
+from orchestrator.sim.launch import server_launch, wait_healthy  # noqa: E402
 
 DEFAULT_PEER_VENV = Path(tempfile.gettempdir()) / "heisenhunt-peer-guidellm"
 
@@ -153,19 +153,6 @@ def ensure_peer(venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "guidellm"], check=True)
     return python
-
-
-def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url}/health not ready within {timeout_s}s")
 
 
 def server_tokens(url: str) -> int | None:
@@ -324,7 +311,7 @@ def main() -> int:
             )
             url = launch.url
             print(f"sim: {shlex.join(argv)} (pid {pgid})", flush=True)
-        wait_healthy(url)
+        wait_healthy(url, timeout_s=60, name=url)
         runs: dict[tuple[str, int], Run] = {}
         sim_counts: dict[tuple[str, int], int | None] = {}
         # interleaved, so drift of the shared machine hits both tools alike

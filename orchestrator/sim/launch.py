@@ -1,12 +1,14 @@
-"""The command lines of a standalone simulated deployment on loopback, built in one place.
+"""The command lines of a standalone simulated deployment on loopback, built in one place, and the
+wait for one of its processes to serve.
 
 `server_launch` gives the argv and env of one sim server (a prefill, a decode, or a lone `null` server);
 `router_launch` those of the real sglang-router in front of a prefill and a decode. Pure: they build
-commands and start nothing, so tests and bench scripts start them with whatever transport they use:
+commands and start nothing, so tests and bench scripts start them with whatever transport they use.
+`wait_healthy` polls the started process's /health (the only I/O here):
 
     launch = server_launch(port, mode="decode", bootstrap_port=bp, time_scale=0.05)
     pid = LocalTransport().start_detached(launch.argv, launch.env, log_path, pid_path)
-    ... launch.url + "/health" ...
+    wait_healthy(launch.url, alive=lambda: transport.is_alive(pid), log_tail=lambda: tail(log_path))
 
 The orchestrator's own deployment is not launched from here: it builds each role's argv from the
 deployment config (conf/deployment/sim_dsv4.yaml) like it does for SGLang.
@@ -14,8 +16,11 @@ deployment config (conf/deployment/sim_dsv4.yaml) like it does for SGLang.
 
 from __future__ import annotations
 
+import http.client
 import sys
-from collections.abc import Mapping, Sequence
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.sim import server
@@ -98,3 +103,32 @@ def router_launch(
         *flags,
     ]
     return Launch(argv, {}, f"http://{host}:{port}")
+
+
+def wait_healthy(
+    url: str,
+    *,
+    timeout_s: float = 30.0,
+    alive: Callable[[], bool] | None = None,
+    log_tail: Callable[[], str] | None = None,
+    name: str = "sim server",
+    poll_s: float = 0.1,
+) -> None:
+    """Return once GET `url`/health answers 200. Raise RuntimeError, with `log_tail()` when given, if
+    `alive()` turns false first (the process exited) or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except (OSError, http.client.HTTPException):
+            pass  # not listening yet, 503 while it starts, or cut off by a dying process
+        if alive is not None and not alive():
+            problem = f"{name} exited during startup"
+        elif time.monotonic() > deadline:
+            problem = f"{name} not healthy within {timeout_s:g}s"
+        else:
+            time.sleep(poll_s)
+            continue
+        raise RuntimeError(f"{problem}:\n{log_tail()}" if log_tail is not None else problem)

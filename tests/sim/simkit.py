@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from orchestrator.remote.local import LocalTransport
-from orchestrator.sim.launch import router_launch, server_launch
+from orchestrator.sim.launch import router_launch, server_launch, wait_healthy
 from orchestrator.workload import tasks
 from tests.conftest import free_port
 
@@ -160,16 +160,12 @@ class Cluster:
         return self.procs[role].log_path.read_text(errors="replace")
 
     def wait_healthy(self, proc: Proc, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            status = http_status(proc.url + "/health")
-            if status == 200:
-                return
-            if not self.transport.is_alive(proc.pid):
-                raise RuntimeError(f"{proc.role} exited during startup:\n{proc.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"{proc.role} not healthy within {timeout_s}s:\n{proc.log_path.read_text()[-3000:]}"
+        wait_healthy(
+            proc.url,
+            timeout_s=timeout_s,
+            alive=lambda: self.transport.is_alive(proc.pid),
+            log_tail=lambda: proc.log_path.read_text()[-3000:],
+            name=proc.role,
         )
 
     def wait_router(self, proc: Proc, timeout_s: float = 30.0) -> None:

@@ -1,12 +1,18 @@
-"""The sim's launch builder: its argv is what the sim's own parser reads back, its env what the sim reads."""
+"""The sim's launch builder (its argv is what the sim's own parser reads back, its env what the sim
+reads) and the health wait, on a real process."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import pytest
+
+from orchestrator.remote.local import LocalTransport
 from orchestrator.sim.args import parse_args
-from orchestrator.sim.launch import router_launch, server_launch
+from orchestrator.sim.launch import router_launch, server_launch, wait_healthy
 from orchestrator.sim.server import FAULT_MODEL_ENV, TIME_SCALE_ENV
+from tests.conftest import free_port
 
 
 def test_server_launch_places_the_role_and_sets_the_sims_env():
@@ -56,3 +62,22 @@ def test_router_launch_wires_prefill_bootstrap_and_decode():
     assert argv[argv.index("--decode") + 1] == "http://127.0.0.1:8101"
     assert argv[argv.index("--prometheus-port") + 1] == "29555" and "--pd-disaggregation" in argv
     assert launch.url == "http://127.0.0.1:8200"
+
+
+def test_wait_healthy_names_a_server_that_exited_with_its_log(tmp_path: Path):
+    transport = LocalTransport()
+    launch = server_launch(free_port(), flags=["--no-such-flag"])
+    log = tmp_path / "sim.log"
+    pid = transport.start_detached(launch.argv, launch.env, str(log), str(tmp_path / "sim.pid"))
+    try:
+        with pytest.raises(RuntimeError, match=r"(?s)decode exited during startup:.*--no-such-flag"):
+            wait_healthy(
+                launch.url, alive=lambda: transport.is_alive(pid), log_tail=log.read_text, name="decode"
+            )
+    finally:
+        transport.stop_group(pid)
+
+
+def test_wait_healthy_gives_up_on_a_port_nobody_serves():
+    with pytest.raises(RuntimeError, match=r"router not healthy within 0\.3s"):
+        wait_healthy(f"http://127.0.0.1:{free_port()}", timeout_s=0.3, name="router")

@@ -6,9 +6,6 @@ Started through `LocalTransport.start_detached` (its own process group) and alwa
 
 from __future__ import annotations
 
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.remote.local import LocalTransport
-from orchestrator.sim.launch import server_launch
+from orchestrator.sim.launch import server_launch, wait_healthy
 from tests.conftest import free_port
 
 # a server with no fault rule matching: eager decode (the built-in model needs captured graphs)
@@ -44,21 +41,6 @@ class SimServer:
         return self.transport.read_text_tail(str(self.log_path), 4000)
 
 
-def wait_healthy(server: SimServer, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        if not server.transport.is_alive(server.pid):
-            raise RuntimeError(f"sim server exited during startup:\n{server.log_tail()}")
-        time.sleep(0.1)
-    raise RuntimeError(f"sim server not healthy within {timeout_s}s:\n{server.log_tail()}")
-
-
 @pytest.fixture
 def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
     """start_sim(args=HEALTHY_ARGS, env={}, time_scale=0.0) -> a healthy SimServer; all stopped after."""
@@ -75,7 +57,7 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimServer]]:
         pid = transport.start_detached(launch.argv, launch.env, str(log_path), str(pid_path))
         server = SimServer(launch.url, port, pid, log_path, transport)
         started.append(server)
-        wait_healthy(server)
+        wait_healthy(server.url, alive=lambda: transport.is_alive(pid), log_tail=server.log_tail)
         return server
 
     try:

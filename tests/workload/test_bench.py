@@ -11,7 +11,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from orchestrator.remote.local import LocalTransport
 from orchestrator.results import BenchResult
-from orchestrator.sim.launch import server_launch
+from orchestrator.sim.launch import server_launch, wait_healthy
 from orchestrator.workload.bench import (
     BenchConfig,
     _one_request,
@@ -97,19 +96,13 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     transport = LocalTransport()
     launch = server_launch(port, model_path="sim-model", time_scale=TIME_SCALE)
     pgid = transport.start_detached(launch.argv, launch.env, str(work / "sim.log"), str(work / "sim.pid"))
-    url = launch.url
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break  # 200: ready (urlopen raises on 503 while it starts)
-            except OSError as e:
-                if time.monotonic() > deadline or not transport.group_alive(pgid):
-                    log = transport.read_text_tail(str(work / "sim.log"))
-                    raise RuntimeError(f"sim did not come up: {log}") from e
-                time.sleep(0.1)
-        yield url
+        wait_healthy(
+            launch.url,
+            alive=lambda: transport.group_alive(pgid),
+            log_tail=lambda: transport.read_text_tail(str(work / "sim.log")),
+        )
+        yield launch.url
     finally:
         transport.stop_group(pgid)
 
