@@ -14,7 +14,7 @@ Layout in MLflow (experiment = the study's name):
 - child runs (tag `heisenhunt.kind=arm`, `mlflow.parentRunId`): one per arm x repetition, written by
   `ArmTracker`, named `<arm label> #<repetition>`. Params (one line each, so the compare view reads them)
   `factor.<name>` (every factor on every arm, so the compare view lines arms up), `env.<role>.<NAME>`
-  (redacted), `workload.*`, `bench.*`, `signature`. Tags `signature`, `repetition`, `study`, `arm`,
+  (redacted), `workload.*`, `bench.*`. Tags `signature`, `repetition`, `study`, `arm`,
   `outcomes` (none|partial|complete), `client_bound`, `provenance.<role>.*`, `failure_reason`.
   Metrics: first the arm's outcome, `arm.corrupted`, `arm.sessions` (sessions with an outcome), `arm.rate`
   and its exact interval `arm.rate_ci_low|high` (the `arm.` names sort first in MLflow's alphabetical
@@ -111,9 +111,20 @@ def _column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"  # the runs table's column id
 
 
+def view_factors(study: StudyConf, plan_factors: Iterable[str] = ()) -> list[str]:
+    """The factors the arms view shows: those the study's hypotheses vary, else every factor."""
+    return sorted({h.factor for h in study.hypotheses} or set(plan_factors))
+
+
 def arms_view(factors: Iterable[str]) -> str:
     """The saved runs view (an experiment tag's value, as MLflow's "Views" menu stores it): the arm runs
-    only (not folded under their parent), newest first, a column per factor and the outcome."""
+    grouped by arm (expanded, not folded under their parent run), newest first, the run name whole, then
+    a column per factor and the outcome."""
+    run_name = _column("attributes", "Run Name")
+    columns = [
+        *(_column("params", f"factor.{name}") for name in sorted(factors)),
+        *(_column("metrics", key) for key in (RATE, CORRUPTED, SESSIONS)),
+    ]
     state = {
         "searchFilter": f"tags.`{KIND}` = 'arm'",
         "orderByKey": "attributes.start_time",
@@ -122,10 +133,10 @@ def arms_view(factors: Iterable[str]) -> str:
         "lifecycleFilter": "Active",
         "modelVersionFilter": "All Runs",
         "datasetsFilter": [],
-        "selectedColumns": [
-            *(_column("params", f"factor.{name}") for name in sorted(factors)),
-            *(_column("metrics", key) for key in (RATE, CORRUPTED, SESSIONS)),
-        ],
+        "selectedColumns": columns,
+        "columnOrder": [run_name, *columns],
+        "columnWidths": {run_name: 260} | {c: 140 for c in columns if c.startswith("params.")},
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "arm"}]},
     }
     return json.dumps(
         {"name": "arms: factors and corruption", "createdAt": 0, "updatedAt": 0, "state": json.dumps(state)}
@@ -198,7 +209,7 @@ def start_study_run(
     """The parent run of a sweep (left RUNNING), with the study definition attached; its id is left in
     the sweep dir for the jobs. `overrides` must already be redacted."""
     client = make_client(tracking.uri)
-    exp_id = ensure_experiment(client, study.name, tracking.artifact_location)
+    exp_id = ensure_experiment(client, study.name, tracking.artifact_location, view_factors(study))
     tags = {
         KIND: "study",
         "study": study.name,
@@ -290,7 +301,8 @@ class ArmTracker:
         parent_run_id: str | None,
     ) -> ArmTracker:
         client = make_client(tracking.uri)
-        exp_id = ensure_experiment(client, study.name, tracking.artifact_location, plan.factors)
+        factors = view_factors(study, plan.factors)
+        exp_id = ensure_experiment(client, study.name, tracking.artifact_location, factors)
         label = arm_label(plan.factors, study.baseline)
         tags = {
             KIND: "arm",
@@ -310,8 +322,8 @@ class ArmTracker:
     # params are immutable in MLflow: logged once, at start. One line each; the launch commands (many
     # lines in the compare view's table) go to an artifact.
     def _log_params(self, plan: ArmPlan) -> None:
+        # (the signature is a tag: as a param it would take an axis of the compare view's chart)
         params = {f"factor.{name}": level for name, level in sorted(plan.factors.items())}
-        params["signature"] = plan.signature
         for role, rp in sorted(plan.roles.items()):
             for name, value in sorted(redact_env(rp.env).items()):
                 params[f"env.{role}.{name}"] = value

@@ -140,7 +140,7 @@ def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
         assert run.info.status == "FINISHED"
         assert run.data.tags["mlflow.parentRunId"] == "parent123"
         assert run.data.tags["repetition"] == "1"
-        assert run.data.tags["signature"] == run.data.params["signature"]
+        assert run.data.tags["signature"] in runs and "signature" not in run.data.params
         assert run.data.tags["provenance.decode.git_sha"] == "abc123"
         assert run.data.metrics["startup_s.decode"] == 2.0
         assert "workload.sessions" in run.data.params and "bench.concurrency" in run.data.params
@@ -158,6 +158,7 @@ def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
     view = json.loads(json.loads(exp.tags[VIEW_TAG + ARMS_VIEW])["state"])
     assert "params.`factor.multi_stream`" in view["selectedColumns"]
     assert "metrics.`arm.rate`" in view["selectedColumns"]
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "arm"}]
 
 
 def test_failed_and_killed_statuses(cfg_for):
