@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,3 +296,13 @@ def test_first_firing_detector_wins():
     # no finish_reason and malformed JSON: the stream check comes first
     turn = call_turn(arguments='{"path": ', finish_reason=None)
     assert check_turn(turn).detector == "truncated_stream"
+
+
+def test_the_oracle_needs_no_http_client():
+    # the oracle is pure: judging a turn must not import the aiohttp client (nor aiohttp)
+    code = (
+        "import sys, orchestrator.workload.detect\n"
+        "print(sorted({'aiohttp', 'orchestrator.workload.client'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
