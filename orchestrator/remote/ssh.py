@@ -310,6 +310,10 @@ def expand_proxy_command(command: str, hop: Endpoint) -> str:
 
     def substitute(match: re.Match[str]) -> str:
         token = match.group(1)
+        if not token:
+            raise SSHConfigError(
+                f"ProxyCommand {command!r} of {hop.alias} ends in a lone %; write %% for a %"
+            )
         if token not in values:
             raise SSHConfigError(
                 f"ProxyCommand {command!r} of {hop.alias}: unknown token %{token}; "
