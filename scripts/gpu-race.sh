@@ -2,7 +2,8 @@
 # The gpu_race study (experiments/gpu_race.yaml) on a lent GPU machine that reaches no package registry.
 #
 #   scripts/gpu-race.sh prepare [COMMIT]   here: the wheels as one pre-installed, compressed site dir, and
-#                                          a snapshot of COMMIT (default HEAD), both in .gpu-run/ (ignored)
+#                                          a snapshot of COMMIT (default HEAD), both in .gpu-run/ (ignored);
+#                                          OVERLAY="file ..." takes those files from HEAD over COMMIT
 #   scripts/gpu-race.sh rehearse           here, CPU only: the same study from the snapshot, small, with a
 #                                          CPU stand-in for the GPU step (checks configs, counters, report)
 #   device `run`, carry [".gpu-run"], command:  bash .gpu-run/tree/scripts/gpu-race.sh device
@@ -20,6 +21,8 @@
 # - Console scripts installed here point at this machine's python; nothing uses them (every server
 #   is started as `python -m module`).
 # - The working tree changes under concurrent edits: the device gets a `git archive` of one commit.
+#   A commit of the core can be broken too (03b6d5d: arm.py called run_bench_sync(url=...) after
+#   bench.py changed): e76a138 ran both studies; rehearse before spending device time.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
@@ -53,6 +56,11 @@ prepare() {
   mkdir -p "$RUN/tree"
   git -C "$ROOT" archive "$commit" | tar -x -C "$RUN/tree"
   git -C "$ROOT" rev-parse "$commit" >"$RUN/tree/SNAPSHOT_COMMIT"
+  # OVERLAY="path ...": those files as HEAD has them, over an older core commit that is known to run
+  for path in ${OVERLAY:-}; do
+    git -C "$ROOT" show "HEAD:$path" >"$RUN/tree/$path"
+    echo "overlay: $path from $(git -C "$ROOT" rev-parse --short HEAD)" >>"$RUN/tree/SNAPSHOT_COMMIT"
+  done
   du -sh "$RUN"
   local kib
   kib=$(du -sk "$RUN" | cut -f1)
