@@ -110,7 +110,7 @@ class StressThenBench:
     repetition: int = 0
 
     def measure(self, plan: ArmPlan, deployment: Deployment, tracker: Tracker, out_dir: Path) -> None:
-        from orchestrator.workload.bench import run_bench_sync
+        from orchestrator.workload.bench import BenchConfig, run_bench_sync
         from orchestrator.workload.stress import StressSettings, run_stress_sync, summarize_jsonl
 
         stress_dir = out_dir / "stress"
@@ -142,17 +142,17 @@ class StressThenBench:
         if plan.bench.enabled:
             b = plan.bench
             bench_dir = out_dir / "bench"
-            result = run_bench_sync(
+            config = BenchConfig(
                 url=plan.router_url,
-                concurrency_levels=list(b.concurrency),
+                concurrency_levels=tuple(b.concurrency),
                 requests_per_worker=b.requests_per_worker,
                 input_len=b.input_len,
                 output_len=b.output_len,
                 model=plan.served_model,
                 warmup_requests=b.warmup_requests,
                 timeout_s=b.timeout_s,
-                out_dir=bench_dir,
             )
+            result = run_bench_sync(config, out_dir=bench_dir)
             tracker.log_bench(result, bench_dir)
             deployment.check_alive("the throughput sweep")
 
