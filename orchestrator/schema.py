@@ -31,12 +31,17 @@ class SSHConf:
     key_file: str | None = None
     # bastion as in ssh -J (user@host:port); default: ProxyJump from ~/.ssh/config
     proxy_jump: str | None = None
+    # a local command connected to the host, as OpenSSH's (%h %p %r ...); default: from ~/.ssh/config
+    proxy_command: str | None = None
     config_file: str = "~/.ssh/config"
     known_hosts: str = "~/.ssh/known_hosts"
     # reject: unknown or changed host keys are refused. accept-new: trust a host seen for the first time.
     host_key_policy: str = "reject"
     connect_timeout_s: float = 10.0
     keepalive_s: float = 15.0
+    # one long-lived shell per session for the commands (a few ms each); false: a session per command,
+    # which starts the login shell every time (~150 ms where .bashrc runs pyenv)
+    persistent_shell: bool = True
 
 
 @dataclass
