@@ -910,7 +910,8 @@ class SSHTransport(Transport):
         except BaseException:
             chan.close()
             raise
-        self.shells += 1
+        with self._pool_lock:
+            self.shells += 1
         return _Shell(chan, pid, tmp)
 
     def _kill(self, shell: _Shell) -> None:
