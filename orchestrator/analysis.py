@@ -22,8 +22,9 @@ Errored sessions are never corruption and are not trials: n = clean + corrupted.
 Throughput uses FINISHED runs only.
 
 Between runs (see `stats` for the method and why): one intra-class correlation rho for the study,
-estimated from the per-run counts of every arm (`stats.dispersion`), or, when the runs cannot show it
-(one run per arm), the study's `assumed_icc`, and the report says which. Each arm's design effect
+estimated from the per-run counts of every arm (`stats.dispersion`), never below the study's
+`assumed_icc` (default 0; what the deployment is known to vary by at least), and that value alone when
+the runs cannot show it (one run per arm); the report says which. Each arm's design effect
 D = 1 + (mean run size - 1) rho turns its counts into effective counts (k / D, n / D), on which every
 test, bound and interval below is computed. Arms report per-run counts, D and the effective n.
 
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import stats
+from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
 from orchestrator.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-exported for callers
@@ -57,7 +59,6 @@ from orchestrator.schema import StudyConf as StudySpec
 VERDICTS = ("implicated", "partial", "exonerated", "inconclusive")
 POWER = 0.8
 N_BOOT = 2000
-BASELINE_LABEL = "baseline"
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,6 @@ def clean_float(x: float | None) -> float | None:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return None
     return float(x)
-
-
-def arm_label(factors: Mapping[str, str], baseline: Mapping[str, str]) -> str:
-    """ "baseline", or the factors that differ from it ("capture=eager,multi_stream=off")."""
-    diff = [f"{k}={v}" for k, v in sorted(factors.items()) if k in baseline and baseline[k] != v]
-    return ",".join(diff) if diff else BASELINE_LABEL
 
 
 def _seed(*parts: Any) -> int:
@@ -243,21 +238,28 @@ def _arm_throughput(finished: Sequence[RunRecord]) -> list[dict[str, Any]]:
 
 
 def between_runs(runs: Sequence[RunRecord], spec: StudySpec) -> stats.Dispersion:
-    """The study's between-run variation from the pooled runs' per-run counts (every arm), or the
-    study's `assumed_icc` when no arm has two runs with corruption (see the module doc)."""
+    """The study's between-run variation from the pooled runs' per-run counts (every arm), with the
+    study's `assumed_icc` as a floor, and alone when no arm has two runs with corruption (module doc)."""
     by_id: dict[str, list[tuple[int, int]]] = {}
     for r in runs:
         if run_used(r):
             by_id.setdefault(identity(r), []).append((r.corrupted, r.corrupted + r.clean))
     found = stats.dispersion(list(by_id.values()))
+    assumed = float(getattr(spec, "assumed_icc", 0.0))
     if found.estimated:
-        return found
-    return stats.Dispersion(1.0, 0, float(getattr(spec, "assumed_icc", 0.0)), 0.0)
+        return stats.Dispersion(found.phi, found.df, max(found.icc, assumed), found.mean_run_size)
+    return stats.Dispersion(1.0, 0, assumed, 0.0)
 
 
 def between_summary(between: stats.Dispersion) -> dict[str, Any]:
     """report.json's account of the between-run variation and what was assumed."""
-    if between.estimated:
+    estimate = max(0.0, (between.phi - 1) / (between.mean_run_size - 1)) if between.mean_run_size > 1 else 0.0
+    if between.estimated and between.icc > estimate:
+        note = (
+            f"estimated from the runs: dispersion {between.phi:.2f} on {between.df} degrees of freedom, "
+            f"ICC {estimate:.3f}, below the study's floor: assumed ICC {between.icc:g} (study.assumed_icc)"
+        )
+    elif between.estimated:
         note = (
             f"estimated from the runs: dispersion {between.phi:.2f} on {between.df} degrees of freedom, "
             f"ICC {between.icc:.3f}"

@@ -17,19 +17,19 @@ import dataclasses
 import logging
 import signal
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.analysis import arm_label
 from orchestrator.deploy import DeployError, Deployment
+from orchestrator.lease import Holder, LeaseHeld, cluster_leases, held
 from orchestrator.observe import parse_decode_log
-from orchestrator.plan import ArmPlan, plan_arm
+from orchestrator.plan import ArmPlan, arm_label, plan_arm
 from orchestrator.preflight import PreflightError, check_arm_on_hosts, gpu_memory_used, host_provenance
 from orchestrator.redact import redact_text
 from orchestrator.remote import close_all
 from orchestrator.remote.base import Transport
-from orchestrator.schema import SERVER_ROLES, JobConf
+from orchestrator.schema import SERVER_ROLES, JobConf, LeaseConf
 
 log = logging.getLogger("orchestrator")
 
@@ -47,7 +47,12 @@ class ArmStart:
     plan: ArmPlan
     label: str
     repetition: int
-    run_label: str  # names this start's logs on the hosts
+    study: str
+    lease: LeaseConf = field(default_factory=LeaseConf)
+
+    def log_label(self, run_id: str) -> str:
+        """Names this start's logs on the hosts: every start has its own (never appended to)."""
+        return f"{self.study}-{self.plan.signature}-r{self.repetition}-{run_id[:12]}"
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,9 @@ def prepare(job: JobConf, finished: set[tuple[str, int]]) -> ArmStart | ArmSkip:
     label = arm_label(plan.factors, job.study.baseline)
     if job.resume and (plan.signature, job.repetition) in finished:
         return ArmSkip(label=label, signature=plan.signature, repetition=job.repetition)
-    run_label = f"{job.study.name}-{plan.signature}-r{job.repetition}"
-    return ArmStart(plan=plan, label=label, repetition=job.repetition, run_label=run_label)
+    return ArmStart(
+        plan=plan, label=label, repetition=job.repetition, study=job.study.name, lease=job.cluster.lease
+    )
 
 
 # --- the workload, as the arm sees it ------------------------------------------------------------------
@@ -238,7 +244,19 @@ def run_arm(
             # bad input the hosts caught: nothing was stopped or restarted; the run says why, the sweep stops
             tracker.fail(str(e))
             raise
-        deployment = Deployment(plan, transports, run_label=start.run_label, on_event=on_event)
+        # the cluster is this arm's from before the first stop until after the last one
+        holder = Holder.this_process(
+            f"study {start.study}, arm {start.label} #{start.repetition} (MLflow run {tracker.run_id})"
+        )
+        work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
+        try:
+            teardown.enter_context(held(cluster_leases(transports, work_dirs), holder, start.lease, on_event))
+        except LeaseHeld as e:
+            tracker.fail(str(e))
+            raise
+        deployment = Deployment(
+            plan, transports, run_label=start.log_label(tracker.run_id), on_event=on_event
+        )
         teardown.callback(_teardown, guard, deployment, out_dir, tracker)
         try:
             deployment.co_restart()

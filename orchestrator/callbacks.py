@@ -18,12 +18,18 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import tracking
-from orchestrator.config import ConfigError, load_job, study_of
+from orchestrator.config import ConfigError, load_job, sweep_design, sweep_study
 from orchestrator.plan import plan_arm
 from orchestrator.redact import redact_text
 
 log = logging.getLogger(__name__)
+
+
+def _tracking():
+    """tracking.py, imported when first needed: MLflow takes seconds to import, a dry run needs none."""
+    from orchestrator import tracking
+
+    return tracking
 
 
 def build_report(tracking_uri: str, study: str, out_dir: Path, plots: bool = True) -> list[Path]:
@@ -31,14 +37,8 @@ def build_report(tracking_uri: str, study: str, out_dir: Path, plots: bool = Tru
     from orchestrator.analysis import analyse
     from orchestrator.report import write_report
 
-    spec, context, runs = tracking.load_study(tracking_uri, study)
+    spec, context, runs = _tracking().load_study(tracking_uri, study)
     return write_report(analyse(spec, runs, context), out_dir, plots, tracking_uri)
-
-
-def sweep_design(config: DictConfig) -> str:
-    """The design the sweeper runs: the study's own when it sweeps params, else the default sweep's."""
-    sweeper = config.hydra.get("sweeper") or {}
-    return str(sweeper.get("design") if sweeper.get("params") else sweeper.get("default_design", "")) or "?"
 
 
 def recorded_overrides(config: DictConfig) -> list[str]:
@@ -56,6 +56,7 @@ class StudyCallback(Callback):
 
     def __init__(self, **_: Any) -> None:
         self.run_id: str | None = None
+        self.study_name: str | None = None
         self._uri: str | None = None
         self._saved_env: str | None = None
         self._ended = False
@@ -63,18 +64,23 @@ class StudyCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from orchestrator.checks import check_local_side
 
-        study = study_of(config)
+        if config.get("dry_run"):
+            return  # a dry run opens no run: it only prints the arms
         uri = str(config.tracking.uri)
-        # before the parent run exists: a bad store or reports dir stops the sweep with one clear message
-        check_local_side(uri, str(config.report.dir))
+        try:
+            check_local_side(uri, str(config.report.dir))
+        except ConfigError:
+            return  # the sweeper refuses the sweep next, with this message (once)
+        study, adhoc = sweep_study(config)
         tracking_conf = OmegaConf.to_object(config.tracking)
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        self.run_id = tracking.start_study_run(
-            tracking_conf, study, sweep_dir, sweep_design(config), recorded_overrides(config)
+        self.run_id = _tracking().start_study_run(
+            tracking_conf, study, sweep_dir, sweep_design(config, adhoc), recorded_overrides(config)
         )
+        self.study_name = study.name
         self._uri, self._ended = uri, False
-        self._saved_env = os.environ.get(tracking.PARENT_ENV)
-        os.environ[tracking.PARENT_ENV] = self.run_id
+        self._saved_env = os.environ.get(_tracking().PARENT_ENV)
+        os.environ[_tracking().PARENT_ENV] = self.run_id
         atexit.register(self._abandoned)
         log.info("MLflow: study %s, parent run %s (%s)", study.name, self.run_id, uri)
 
@@ -85,7 +91,10 @@ class StudyCallback(Callback):
         failure = headline = None
         try:
             paths = build_report(
-                self._uri, str(config.study.name), Path(str(config.report.dir)), bool(config.report.plots)
+                self._uri,
+                self.study_name or str(config.study.name),
+                Path(str(config.report.dir)),
+                bool(config.report.plots),
             )
             headline = json.loads(paths[1].read_text())["headline"]  # report.json
             log.info("report: %s", paths[0])
@@ -93,23 +102,23 @@ class StudyCallback(Callback):
             log.exception("the report could not be built")
             failure = f"report: {type(e).__name__}: {e}"
         finally:
-            tracking.end_study_run(self._uri, self.run_id, paths, failure, headline)
+            _tracking().end_study_run(self._uri, self.run_id, paths, failure, headline)
             self._ended = True
             self._restore_env()
             atexit.unregister(self._abandoned)
 
     def _restore_env(self) -> None:
         if self._saved_env is None:
-            os.environ.pop(tracking.PARENT_ENV, None)
+            os.environ.pop(_tracking().PARENT_ENV, None)
         else:
-            os.environ[tracking.PARENT_ENV] = self._saved_env
+            os.environ[_tracking().PARENT_ENV] = self._saved_env
 
     def _abandoned(self) -> None:
         """At exit without on_multirun_end (the sweep raised or was interrupted): end the parent KILLED."""
         if self._ended or self.run_id is None or self._uri is None:
             return
         try:
-            tracking.end_run_abandoned(self._uri, self.run_id)
+            _tracking().end_run_abandoned(self._uri, self.run_id)
         except Exception:
             log.exception("could not mark parent run %s KILLED", self.run_id)
         self._ended = True

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SHIPPED_CONF = Path(__file__).resolve().parent / "conf"
+_HYDRA_LEVELS: dict[tuple[int, tuple[str, ...]], dict[str, list[str]]] = {}
 
 
 def discover_factor_levels(searchpath: Sequence[str] = ()) -> dict[str, list[str]]:
@@ -22,14 +23,21 @@ def discover_factor_levels(searchpath: Sequence[str] = ()) -> dict[str, list[str
 
     if GlobalHydra.instance().is_initialized():
         loader = GlobalHydra.instance().config_loader()
-        # the job's own search path entries (user factor folders) are not in the loader's base path
-        overrides = (
-            ["hydra.searchpath=[" + ",".join(repr(str(p)) for p in searchpath) + "]"] if searchpath else []
-        )
-        groups = loader.get_group_options("factor", results_filter=ObjectType.GROUP, overrides=overrides)
-        return {
-            g: sorted(loader.get_group_options(f"factor/{g}", overrides=overrides)) for g in sorted(groups)
-        }
+        # a sweep asks once per job: the answer only changes with the loader and the search path
+        key = (id(loader), tuple(str(p) for p in searchpath))
+        if key not in _HYDRA_LEVELS:
+            # the job's own search path entries (user factor folders) are not in the loader's base path
+            overrides = (
+                ["hydra.searchpath=[" + ",".join(repr(str(p)) for p in searchpath) + "]"]
+                if searchpath
+                else []
+            )
+            groups = loader.get_group_options("factor", results_filter=ObjectType.GROUP, overrides=overrides)
+            _HYDRA_LEVELS[key] = {
+                g: sorted(loader.get_group_options(f"factor/{g}", overrides=overrides))
+                for g in sorted(groups)
+            }
+        return {name: list(levels) for name, levels in _HYDRA_LEVELS[key].items()}
     found: dict[str, set[str]] = {}
     for root in search_roots(searchpath):
         for folder in sorted((root / "factor").glob("*")):

@@ -144,6 +144,51 @@ def study_of(cfg: DictConfig) -> StudyConf:
     return study
 
 
+def choices_of(overrides: Sequence[Any]) -> dict[str, list[str]]:
+    """key -> its values as `key=value` override strings, in command-line order (last one wins), from
+    Hydra's parsed overrides."""
+    from hydra.errors import HydraException
+
+    found: dict[str, list[str]] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            if not override.is_discrete_sweep():
+                raise HydraException(f"the study sweeper does not support sweep type {override.value_type}")
+            found[key] = [f"{key}={v}" for v in override.sweep_string_iterator()]
+        else:
+            found[key] = [f"{key}={override.get_value_element_as_str()}"]
+    return found
+
+
+def sweep_study(config: DictConfig, arguments: Sequence[str] | None = None) -> tuple[StudyConf, bool]:
+    """The study a multirun records and reports: an ad-hoc one for a command-line sweep of factors outside
+    any study (no `hydra.sweeper.params`), else the composed one. Returns (study, ad hoc or not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from orchestrator.adhoc import adhoc_study, swept_factors
+
+    composed = study_of(config)
+    sweeper = config.hydra.get("sweeper") or {}
+    task = list(arguments if arguments is not None else config.hydra.overrides.get("task") or [])
+    if sweeper.get("params"):
+        return composed, False
+    choices = choices_of(OverridesParser.create().parse_overrides(task))
+    swept = {name: [a.split("=", 1)[1] for a in values] for name, values in choices.items()}
+    named = any(o.lstrip("+~").startswith("study.name=") for o in task)
+    levels = {str(k): str(v.get("level")) for k, v in (config.get("factor") or {}).items()}
+    study = adhoc_study(swept_factors(swept), levels, composed.name if named else None, " ".join(task))
+    return (study, True) if study is not None else (composed, False)
+
+
+def sweep_design(config: DictConfig, adhoc: bool) -> str:
+    """The design the sweeper runs: the study's, a command-line sweep's, or the default sweep's."""
+    sweeper = config.hydra.get("sweeper") or {}
+    if sweeper.get("params") or adhoc:
+        return str(sweeper.get("design") or "factorial")
+    return str(sweeper.get("default_design") or "?")
+
+
 def unknown_groups(cfg: DictConfig, known: Mapping[str, list[str]]) -> list[str]:
     """`+factor/<name>=<level>` with no such group is taken by Hydra as a plain key, not a factor."""
     problems = []

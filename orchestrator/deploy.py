@@ -67,6 +67,8 @@ class Deployment:
     transports: Mapping[str, Transport]
     run_label: str
     started: dict[str, int] = field(default_factory=dict)
+    # the start time of each started server, as its pid file records it
+    started_at: dict[str, str] = field(default_factory=dict)
     startup_s: dict[str, float] = field(default_factory=dict)
     on_event: Callable[[str], None] = lambda message: None
 
@@ -79,12 +81,9 @@ class Deployment:
         """Stop whatever this tool started for `role` on its host (this run's or an earlier one's)."""
         transport = self.transports[role]
         pid_file = self.paths(role).pid
-        try:
-            lines = transport.read_file(pid_file).decode().splitlines()
-        except FileNotFoundError:
-            lines = []
-        pid = int(lines[0]) if lines and lines[0].strip().isdigit() else self.started.get(role)
-        started_at = lines[1].strip() if len(lines) > 1 else ""
+        pid, started_at = self.pid_file(role)
+        if pid is None and role in self.started:  # the pid file went missing: what this arm started
+            pid, started_at = self.started[role], self.started_at.get(role, "")
         if pid and transport.group_alive(pid) and self._is_ours(role, pid, started_at):
             self.on_event(f"stopping {role} (pgid {pid})")
             killed = transport.stop_group(pid, grace_s=self.plan.stop_grace_s)
@@ -92,9 +91,15 @@ class Deployment:
                 log.warning("%s did not stop within %ss of SIGTERM; killed", role, self.plan.stop_grace_s)
         transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
         self.started.pop(role, None)
+        self.started_at.pop(role, None)
 
     def _is_ours(self, role: str, pid: int, started_at: str) -> bool:
         """Guard against a recycled pid: same pid and same start time as when this tool started it."""
+        if not started_at:
+            log.warning(
+                "pid file of %s names pid %s without a start time: not provably ours, left alone", role, pid
+            )
+            return False
         now = self.transports[role].start_time(pid)
         if not now:
             return True  # the leader exited but its group lives on: still ours
@@ -143,6 +148,7 @@ class Deployment:
         t0 = time.monotonic()
         pid = transport.start_detached(plan.argv, plan.env, paths.log, paths.pid)
         self.started[role] = pid
+        self.started_at[role] = self.pid_file(role)[1]
         self.wait_healthy(role, pid, plan.health_url, plan.startup_timeout_s)
         self.startup_s[role] = time.monotonic() - t0
         self.on_event(f"{role} healthy after {self.startup_s[role]:.1f}s")
@@ -187,8 +193,34 @@ class Deployment:
                 return role
         return None
 
+    def pid_file(self, role: str) -> tuple[int | None, str]:
+        """(pid, start time) as the role's pid file names them now ((None, '') without one)."""
+        try:
+            lines = self.transports[role].read_file(self.paths(role).pid).decode().splitlines()
+        except FileNotFoundError:
+            return None, ""
+        pid = int(lines[0]) if lines and lines[0].strip().isdigit() else None
+        return pid, lines[1].strip() if len(lines) > 1 else ""
+
+    def replaced_role(self) -> str | None:
+        """The first role whose pid file no longer names the server this arm started (None: all ours)."""
+        for role in START_ORDER:
+            if role in self.started and self.pid_file(role) != (self.started[role], self.started_at[role]):
+                return role
+        return None
+
     def check_alive(self, during: str) -> None:
-        """Raise DeployError if a server started for this arm has died (its results are suspect)."""
+        """Raise DeployError if a server started for this arm has died or was replaced by someone else's
+        (its results are not this arm's)."""
+        role = self.replaced_role()
+        if role is not None:
+            pid, _ = self.pid_file(role)
+            raise DeployError(
+                role,
+                f"after {during} its pid file names {'pid ' + str(pid) if pid else 'no server'}, not the "
+                f"server this arm started (pid {self.started[role]}): something else restarted this "
+                f"cluster, so what was measured is not this arm's",
+            )
         role = self.dead_role()
         if role is not None:
             raise DeployError(

@@ -31,6 +31,7 @@ from orchestrator.schema import (
 )
 
 SIGNATURE_LENGTH = 12
+BASELINE_LABEL = "baseline"
 DEPLOYMENT = "deployment"
 CLUSTER = "cluster"
 
@@ -91,6 +92,12 @@ class RoleMerge:
     flags: dict[str, Any]
     origin: dict[str, str]
     problems: list[str]
+
+
+def arm_label(factors: Mapping[str, str], baseline: Mapping[str, str]) -> str:
+    """ "baseline", or the factors that differ from it ("capture=eager,multi_stream=off")."""
+    diff = [f"{k}={v}" for k, v in sorted(factors.items()) if k in baseline and baseline[k] != v]
+    return ",".join(diff) if diff else BASELINE_LABEL
 
 
 def factor_origin(selected: SelectedLevel) -> str:

@@ -87,9 +87,23 @@ class ClusterHosts:
 
 
 @dataclass
+class LeaseConf:
+    """How an arm holds its cluster (see lease.py): one study at a time on each server work dir."""
+
+    # how long an arm waits for a cluster another study holds, before it refuses naming the holder
+    wait_s: float = 1800.0
+    poll_s: float = 2.0
+    # the holder renews its heartbeat this often; a holder on another machine silent for stale_after_s
+    # is taken to be dead (one on this machine is judged by its process)
+    heartbeat_s: float = 10.0
+    stale_after_s: float = 60.0
+
+
+@dataclass
 class ClusterConf:
     name: str = MISSING
     hosts: ClusterHosts = field(default_factory=ClusterHosts)
+    lease: LeaseConf = field(default_factory=LeaseConf)
 
 
 @dataclass

@@ -48,8 +48,8 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.analysis import LevelSample, RunRecord, arm_label
-from orchestrator.plan import ArmPlan, flag_words
+from orchestrator.analysis import LevelSample, RunRecord
+from orchestrator.plan import ArmPlan, arm_label, flag_words
 from orchestrator.redact import redact_env, redact_text
 from orchestrator.results import BenchResult, LogFacts, StressSummary
 from orchestrator.schema import StudyConf, TrackingConf

@@ -4,14 +4,16 @@ sglang-router). No Hydra app, no orchestrator subprocess."""
 
 from __future__ import annotations
 
+import json
 import socket
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
 from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
 from orchestrator.config import load_job
 from orchestrator.remote.local import LocalTransport
-from orchestrator.tracking import ArmTracker
+from orchestrator.tracking import CORRUPTED, ArmTracker
 
 SMALL = ("workload.sessions=6", "workload.rounds=2", "bench.enabled=false")
 
@@ -25,7 +27,7 @@ def test_prepare_plans_the_arm_and_skips_it_only_on_resume_of_a_finished_run(com
     job = load_job(compose_cfg("factor/multi_stream=off", "repetition=2"))
     start = prepare(job, finished=set())
     assert isinstance(start, ArmStart) and start.label == "multi_stream=off" and start.repetition == 2
-    assert start.run_label == f"quick-{start.plan.signature}-r2"
+    assert start.log_label("0123456789abcdef") == f"quick-{start.plan.signature}-r2-0123456789ab"
     done = {(start.plan.signature, 2)}
     assert isinstance(prepare(job, done), ArmStart)  # no resume: a finished run does not skip
     resumed = load_job(compose_cfg("factor/multi_stream=off", "repetition=2", "resume=true"))
@@ -48,17 +50,41 @@ def test_run_arm_runs_a_whole_arm_with_a_local_transport_and_a_sqlite_tracker(co
     run = MlflowClient(job.tracking.uri).get_run(tracker.run_id)
     assert run.info.status == "FINISHED"
     m = run.data.metrics
-    assert m["sessions_clean"] + m["sessions_corrupted"] + m["sessions_errored"] == 6
+    assert m["sessions_clean"] + m[CORRUPTED] + m["sessions_errored"] == 6
     assert m["server_ready"] == 1 and "startup_s.decode" in m
     assert run.data.params["factor.multi_stream"] == "on"
     # the origin of each setting travels with the run: the factor level that set the decode env var
-    assert (
-        '"env SGLANG_OPT_USE_MULTI_STREAM_OVERLAP":"factor.multi_stream=on"'
-        in run.data.params["origin.decode"]
-    )
+    client = MlflowClient(job.tracking.uri)
+    launch_json = client.download_artifacts(run.info.run_id, "launch/launch.json", str(tmp_path))
+    launch = json.loads(Path(launch_json).read_text())
+    assert launch["decode"]["origin"]["env SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "factor.multi_stream=on"
     assert "starting prefill" in events and any("decode healthy" in e for e in events)
     # the teardown is complete: no server, no pid file, no port left behind
     assert (tmp_path / "job" / "server_logs" / "decode.log").is_file()
     for role, rp in start.plan.roles.items():
         assert not (tmp_path / role / f"{role}.pid").exists()
         assert not any(_listening(port) for port in rp.host.ports().values())
+
+
+def test_two_runs_of_one_arm_each_parse_only_their_own_server_start(compose_cfg, tmp_path):
+    """Every start logs to its own file: a second run's captured/eager counts are its own, not the sum."""
+    job = load_job(compose_cfg("factor/multi_stream=on", *SMALL))
+    start = prepare(job, finished=set())
+    assert isinstance(start, ArmStart)
+    runs = []
+    for i in range(2):
+        tracker = ArmTracker.start(job.tracking, job.study, start.plan, start.repetition, None)
+        transports = {role: LocalTransport() for role in start.plan.roles}
+        assert (
+            run_arm(start, transports, tracker, StressThenBench(0), tmp_path / f"job{i}")["status"]
+            == "FINISHED"
+        )
+        runs.append(MlflowClient(job.tracking.uri).get_run(tracker.run_id))
+    logs = sorted((tmp_path / "decode" / "logs").iterdir())
+    assert len(logs) == 2  # one folder per start, named after its run
+    for run, job_dir in zip(runs, ("job0", "job1"), strict=True):
+        text = (tmp_path / job_dir / "server_logs" / "decode.log").read_text()
+        assert text.count("The server is fired up and ready to roll!") == 1
+        captured = sum("cuda graph: True" in line for line in text.splitlines() if "Decode batch" in line)
+        assert run.data.metrics["capture_batches"] == captured > 0
+        assert any(run.info.run_id[:12] in p.name for p in logs)

@@ -88,7 +88,9 @@ def test_a_two_factor_multirun_runs_every_arm_and_reports(tmp_path):
     proc = orchestrator(tmp_path, "-m", "factor/multi_stream=on,off", "factor/capture=graph,eager", *SMALL)
     out = finish(proc, 600)
     assert proc.returncode == 0, out[-5000:]
-    children = [r for r in runs(tmp_path, "quick") if "mlflow.parentRunId" in r.data.tags]
+    # a command-line sweep outside any study is its own study, named after what it sweeps
+    study = "sweep-capture-multi_stream"
+    children = [r for r in runs(tmp_path, study) if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 4, out[-3000:]
     assert {r.info.status for r in children} == {"FINISHED"}
     assert {(r.data.params["factor.multi_stream"], r.data.params["factor.capture"]) for r in children} == {
@@ -99,8 +101,16 @@ def test_a_two_factor_multirun_runs_every_arm_and_reports(tmp_path):
     }
     # the same param keys on every arm: MLflow's compare view lines them up
     assert len({frozenset(r.data.params) for r in children}) == 1
-    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
-    assert {h["id"] for h in report["hypotheses"]} == {"H-multistream"}
+    report = json.loads((tmp_path / "reports" / study / "report.json").read_text())
+    # one hypothesis per swept factor, against the primary config's levels as baseline
+    hyps = {h["id"]: (h["baseline_level"], h["treatment_level"]) for h in report["hypotheses"]}
+    assert hyps == {"H-capture": ("graph", "eager"), "H-multi_stream": ("on", "off")}
+    assert report["context"]["design"] == "factorial"
+    [parent] = [r for r in runs(tmp_path, study) if r.data.tags.get("heisenhunt.kind") == "study"]
+    assert parent.data.tags["design"] == "factorial"
+    assert not (tmp_path / "reports" / "quick").exists() and not any(
+        e.name == "quick" for e in mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_experiments()
+    )
     assert not no_servers_left(tmp_path)
 
 

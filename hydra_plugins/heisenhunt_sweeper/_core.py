@@ -52,6 +52,21 @@ def ofat_jobs(choices: "OrderedDict[str, list[str]]", baseline: dict[str, str]) 
     return jobs
 
 
+def _key(assignment: str) -> str:
+    return assignment.split("=", 1)[0].lstrip("+~")
+
+
+def arm_overrides(job: "list[str]") -> "tuple[str, ...]":
+    """A job's overrides without its `repetition`: the same for every repetition of one arm."""
+    return tuple(a for a in job if _key(a) != "repetition")
+
+
+def repetition_problems(job: "list[str]") -> "list[str]":
+    """A repetition must be a whole number >= 0 (it seeds the workload and names the run)."""
+    values = [_value(a) for a in job if _key(a) == "repetition"]
+    return [f"repetition: {v!r} is not a whole number >= 0" for v in values if not v.isdigit()]
+
+
 def batches(jobs: list[list[str]], max_batch_size: "int | None") -> list[list[list[str]]]:
     size = max_batch_size or len(jobs) or 1
     return [jobs[i : i + size] for i in range(0, len(jobs), size)]

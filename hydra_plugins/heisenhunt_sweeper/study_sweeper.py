@@ -17,33 +17,32 @@ The design logic is in `_core.py` (pure); this class only wires it into Hydra.
 # No `from __future__ import annotations`: Hydra loads plugins outside sys.modules, where dataclasses
 # cannot resolve string annotations.
 import logging
-from collections import OrderedDict
 
 # The one dependence on Hydra's internals: the basic sweeper has no public base class, and subclassing
 # it keeps its batching, job numbering and launcher hand-off exactly as Hydra's own.
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 
 from hydra_plugins.heisenhunt_sweeper import config as _config  # noqa: F401 - registers the sweeper node
-from hydra_plugins.heisenhunt_sweeper._core import DESIGNS, JOB_SEP, batches, collapse, ofat_jobs
+from hydra_plugins.heisenhunt_sweeper._core import (
+    DESIGNS,
+    JOB_SEP,
+    arm_overrides,
+    batches,
+    collapse,
+    ofat_jobs,
+    repetition_problems,
+)
 
 log = logging.getLogger(__name__)
 
 
-def choices_of(overrides: "list[Override]") -> "OrderedDict[str, list[str]]":
-    """key -> its values as `key=value` override strings, in command-line order (last one wins)."""
-    found: OrderedDict[str, list[str]] = OrderedDict()
-    for override in overrides:
-        key = override.get_key_element()
-        if override.is_sweep_override():
-            if not override.is_discrete_sweep():
-                raise HydraException(f"the study sweeper does not support sweep type {override.value_type}")
-            found[key] = [f"{key}={v}" for v in override.sweep_string_iterator()]
-        else:
-            found[key] = [f"{key}={override.get_value_element_as_str()}"]
-    return found
+class _DryRunLauncher:
+    """Stands in for the launcher in a dry run: the jobs were composed, planned and printed; none runs."""
+
+    def launch(self, job_overrides, initial_job_idx):
+        return []
 
 
 class StudySweeper(BasicSweeper):
@@ -63,23 +62,31 @@ class StudySweeper(BasicSweeper):
         self.default_params = default_params or {}
         self.default_design = default_design
         self._ofat_batches: list | None = None
+        self.study = None
+        self.design_run = design
 
     def sweep(self, arguments: "list[str]"):
-        from orchestrator.config import study_of
+        from orchestrator.adhoc import study_overrides
+        from orchestrator.config import choices_of, sweep_design, sweep_study
 
         assert self.hydra_context is not None and self.config is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         cli = parser.parse_overrides(arguments)
+        # a command-line sweep of factors outside any study is a study of its own (see orchestrator.adhoc)
+        self.study, adhoc = sweep_study(self.config, arguments)
+        extra = study_overrides(self.study) if adhoc else []
         design = self.design
         if not self.params and not any(o.is_sweep_override() for o in cli) and self.default_params:
             log.info("no sweep given: running the default study sweep %s", dict(self.default_params))
             self.params, design = dict(self.default_params), self.default_design
+        self.design_run = sweep_design(self.config, adhoc) if design == self.design else design
         if design == "ofat":
             params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-            choices = choices_of(parser.parse_overrides(params_conf))
-            jobs = ofat_jobs(choices, study_of(self.config).baseline)
-            self._ofat_batches = batches(jobs, self.max_batch_size)
-        return super().sweep(arguments)
+            jobs = ofat_jobs(choices_of(parser.parse_overrides(params_conf)), self.study.baseline)
+            self._ofat_batches = batches([job + extra for job in jobs], self.max_batch_size)
+        if self.config.get("dry_run"):
+            self.launcher = _DryRunLauncher()
+        return super().sweep(list(arguments) + extra)
 
     def split_arguments(self, overrides, max_batch_size):  # type: ignore[override]
         if self._ofat_batches is not None:
@@ -89,7 +96,7 @@ class StudySweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch) -> None:
         """Compose, type and plan every job of the batch, and have the hosts check each distinct arm,
         before any job runs. A refused sweep ends its parent run FAILED with the reason."""
-        super().validate_batch_is_legal(batch)
+        # (Hydra's own check composes every job too: this one does that and more, so it replaces it)
         assert self.hydra_context is not None and self.config is not None
         from orchestrator.checks import check_local_side
         from orchestrator.config import ConfigError, load_job
@@ -97,18 +104,36 @@ class StudySweeper(BasicSweeper):
         from orchestrator.preflight import check_sweep_on_hosts
 
         problems: list[str] = []
+        dry_run = bool(self.config.get("dry_run"))
         try:
-            check_local_side(str(self.config.tracking.uri), str(self.config.report.dir))
+            if not dry_run:  # a dry run writes nothing, not even the reports folder
+                check_local_side(str(self.config.tracking.uri), str(self.config.report.dir))
         except ConfigError as e:
             problems += e.problems
         planned = []
+        # repetitions of one arm differ only in `repetition`, which nothing in the arm's plan reads: each
+        # arm is composed and planned once (a dsv4 study: 5 compositions instead of 15)
+        arms: dict[tuple, object] = {}
         for overrides in batch:
             job_name = " ".join(overrides)
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            try:
-                planned.append((job_name, plan_arm(load_job(cfg))))
-            except ConfigError as e:
-                problems += [f"{p}{JOB_SEP}{job_name}" for p in e.problems]
+            key = arm_overrides(overrides)
+            if key not in arms:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
+                try:
+                    arms[key] = plan_arm(load_job(cfg))
+                except ConfigError as e:
+                    arms[key] = e
+            found = arms[key]
+            if isinstance(found, ConfigError):
+                problems += [f"{p}{JOB_SEP}{job_name}" for p in found.problems]
+            else:
+                planned.append((job_name, found))
+            problems += [f"{p}{JOB_SEP}{job_name}" for p in repetition_problems(overrides)]
+        if not problems and dry_run:
+            from orchestrator.dryrun import arm_listing
+
+            print(arm_listing(planned, self.study.baseline, self.study.name, self.design_run), flush=True)
+            return
         if not problems:
             problems += [f"{p}{JOB_SEP}{job}" for p, job in check_sweep_on_hosts(planned)]
         if problems:

@@ -46,7 +46,8 @@ def detached_command(
     """A shell line that starts `argv` in a new session (so its pid is its process group id),
     stdout+stderr appended to `log_path`, stdin from /dev/null, writes the pid and its start time to
     `pid_path` (two lines) and prints the pid. The process survives the shell (and the SSH channel)
-    that started it. The start time tells a later run whether the pid was recycled."""
+    that started it. The start time tells a later run whether the pid was recycled, so a pid file is
+    never written without one: a process already gone leaves none (there is nothing to stop)."""
     if not argv:
         raise ValueError("empty command")
     launch = command_line(argv, env)
@@ -59,7 +60,8 @@ def detached_command(
     return (
         f"mkdir -p {parent} {pid_parent} || exit 1; {cd}"
         f"setsid nohup {launch} >>{log} 2>&1 </dev/null & "
-        f'p=$!; printf "%s\\n%s\\n" "$p" "$(ps -o lstart= -p "$p")" >{pid} || exit 1; echo "$p"'
+        f'p=$!; t=$(ps -o lstart= -p "$p"); '
+        f'if [ -n "$t" ]; then printf "%s\\n%s\\n" "$p" "$t" >{pid} || exit 1; fi; echo "$p"'
     )
 
 

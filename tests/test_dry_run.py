@@ -1,0 +1,51 @@
+"""`dry_run=true`: every arm of a sweep with its exact launch commands, secrets redacted, and nothing else:
+no host contacted, no server started, no MLflow run or store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import local_cluster_overrides
+
+SECRET = "hf_dryrun_s3cret_value"
+
+
+def _dry_run(tmp_path: Path, *overrides: str) -> str:
+    flags = [o for o in overrides if o.startswith("-")]
+    overrides = tuple(o for o in overrides if not o.startswith("-"))
+    argv = [
+        sys.executable, "-m", "orchestrator", *flags, *local_cluster_overrides(tmp_path),
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+        f"hydra.sweep.dir={tmp_path}/multirun", "dry_run=true", *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "HH_DRY_RUN_TOKEN": SECRET}
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def test_the_dsv4_study_dry_run_prints_five_arms_with_every_roles_command_and_starts_nothing(tmp_path):
+    token = "++deployment.roles.decode.env={HF_TOKEN: '${oc.env:HH_DRY_RUN_TOKEN}'}"
+    out = _dry_run(tmp_path, "+experiment=dsv4_corruption", token)
+    arms = [line for line in out.splitlines() if line.startswith("arm ")]
+    assert len(arms) == 5, out[-3000:]
+    assert {a.split()[1] for a in arms} == {
+        "baseline", "multi_stream=off", "capture=eager", "index_k=fp8", "hicache=off",
+    }  # fmt: skip
+    assert all("3 job(s)" in a for a in arms)  # three repetitions each
+    assert out.count("--disaggregation-mode decode") == 5 and out.count("sglang_router.launch_router") == 5
+    assert "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0" in out and "--disable-cuda-graph" in out
+    assert "HF_TOKEN='***'" in out and SECRET not in out
+    assert "5 arm(s), 15 job(s)" in out
+    # nothing touched: no MLflow store, no server work dir, no pid file, no report
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "reports").exists()
+    assert not any((tmp_path / role).exists() for role in ("prefill", "decode", "router"))
+
+
+def test_a_command_line_sweep_dry_run_lists_every_combination(tmp_path):
+    out = _dry_run(tmp_path, "-m", "factor/multi_stream=on,off", "factor/capture=graph,eager")
+    assert "dry run of study sweep-capture-multi_stream (design factorial)" in out
+    assert sum(line.startswith("arm ") for line in out.splitlines()) == 4
