@@ -8,7 +8,8 @@ the shapes the sim's fault model uses (orchestrator.sim.agent.corrupt), so the o
 - nothing written yet: the call comes out as plain JSON text (`leaked_text`);
 - inside the tool name: the name runs on past the declared one (`unknown_tool`);
 - inside the arguments: the call is closed where it stands (`truncated_arguments`);
-- the arguments already closed: nothing visible is left to go wrong (None: a masked mismatch).
+- the arguments already complete (the closing marker is all that is left): nothing visible is left to
+  go wrong (None: a masked mismatch).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def corrupt_from(
         shape = "truncated_arguments"
     if not text.startswith(emitted):  # cannot happen for the markup above; guard the splice
         raise AssertionError(f"corrupted text does not continue what was streamed: {emitted!r}")
+    if text == "".join(tokens):
+        return None  # hit on the closing marker: closing the call where it stands is the call itself
     return shape, list(tokens[:pos]) + agent.tokenize(text[len(emitted) :])
 
 

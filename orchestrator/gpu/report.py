@@ -151,7 +151,8 @@ def render_section(
         "",
         "Each cell: steps whose indexer disagreed with the reference / steps run in that bucket "
         "(B = the captured batch size a step was padded to; eager = no graph). Sessions: corrupted/n as "
-        "the oracle judged them; GPU turns: planned tool calls the engine corrupted.",
+        "the oracle judged them; GPU turns: planned tool calls the engine corrupted / planned tool calls "
+        "it served (a session ends at its first bad turn, so its later rounds never reach the server).",
         "",
         "| arm | start | sessions | GPU turns | "
         + " | ".join(f"B{b}" if b != EAGER else b for b in buckets)

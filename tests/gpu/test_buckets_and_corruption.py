@@ -63,9 +63,11 @@ def test_a_mismatch_anywhere_before_the_call_closes_is_caught_by_the_oracle_and_
     assert shapes == {"leaked_text", "unknown_tool", "truncated_arguments"}
 
 
-def test_a_mismatch_after_the_arguments_closed_leaves_nothing_to_corrupt():
+def test_a_mismatch_once_the_arguments_are_complete_leaves_nothing_to_corrupt():
     reply, tokens, _ = planned_turn()
     close = tokens.index(agent.CALL_END)
+    # at the closing marker the arguments are all out: "truncated" there is the call itself
+    assert corrupt_from(tokens, close, reply, tasks.TOOLS) is None
     assert corrupt_from(tokens, close + 1, reply, tasks.TOOLS) is None
     assert corrupt_from(tokens, len(tokens), reply, tasks.TOOLS) is None
     assert corrupt_from(["x"], 0, agent.Reply(content="x"), None) is None
