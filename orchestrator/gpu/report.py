@@ -226,7 +226,8 @@ def bucket_plot(rows: Sequence[Mapping[str, Any]], path: Path, study: str) -> Pa
 
     buckets = bucket_labels(rows)
     fig, ax = plt.subplots(figsize=(8, 4))
-    for arm in dict.fromkeys(r["arm"] for r in rows):
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    for n_arm, arm in enumerate(arms):
         bad, steps = [0] * len(buckets), [0] * len(buckets)
         for r in rows:
             if r["arm"] != arm or not r["counters"]:
@@ -239,7 +240,10 @@ def bucket_plot(rows: Sequence[Mapping[str, Any]], path: Path, study: str) -> Pa
         ax.plot(
             buckets,
             [100 * k / n if n else float("nan") for k, n in zip(bad, steps, strict=True)],
-            "o-",
+            "-",
+            marker="osD^vx"[n_arm % 6],
+            markersize=12 - 7 * n_arm / max(1, len(arms) - 1),  # arms that coincide stay visible
+            alpha=0.8,
             label=arm,
         )
     ax.set_xlabel("batch bucket (captured graph size; eager: no graph)")
