@@ -40,7 +40,8 @@ EXPERTS = 64
 EXPERT_TOP = 2
 FFN = 2048
 # The MoE dispatch workspace: EXPERTS x 8 int32 slots, 2 KiB whatever the batch. What the allocator
-# makes of it was measured, not designed (orchestrator.gpu.probe on an H200, torch 2.11, reports/gpu_race/):
+# makes of it was measured, not designed (orchestrator.gpu.probe on an H200, torch 2.11, sweep of 8-32 KiB
+# in reports/gpu_race/probe_workspace_sweep.txt):
 # the workspace starts at k's address in every bf16 bucket (the freed block coalesces with free space
 # after it), so it overwrites the first workspace/1 KiB rows; with fp8 keys the bf16 projection freed
 # just before k sits first, and k's rows are hit only while B x 1 KiB < workspace (bucket 1 here).
