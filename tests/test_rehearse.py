@@ -272,3 +272,13 @@ def test_a_repetition_sweep_on_the_command_line_sets_the_runs_per_arm():
         ["+experiment=dsv4_corruption", "repetition=0,1,2,3", "workload.rounds=2"]
     )
     assert plain == ["+experiment=dsv4_corruption", "workload.rounds=2"] and sweeps == {"repetition": 4}
+
+
+def test_assumed_icc_is_a_floor_under_the_estimate():
+    runs = seed_story_runs(np.random.default_rng(5))
+    plain = analyse(SPEC, runs)
+    floored = analyse(StudySpec(**{**vars(SPEC), "assumed_icc": 0.05}), runs)
+    assert plain["between_runs"]["icc"] < 0.05 == floored["between_runs"]["icc"]
+    assert "floor" in floored["between_runs"]["note"]
+    base = next(a for a in floored["arms"] if a["label"] == "baseline")
+    assert base["design_effect"] == pytest.approx(1 + 59 * 0.05)
