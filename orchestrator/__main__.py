@@ -8,19 +8,32 @@ tests call directly.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.arm import ArmSkip, StressThenBench, prepare, run_arm
 from orchestrator.checks import check_local_side
 from orchestrator.config import CONF_DIR, load_job
+from orchestrator.lease import LeaseHeld
+from orchestrator.preflight import PreflightError
 from orchestrator.redact import redact_text
 
 log = logging.getLogger("orchestrator")
+
+
+class ArmRefused(CompactHydraException):
+    """A host refused the arm, or its cluster stayed another study's: nothing was restarted. (Compact:
+    Hydra prints the message alone.)"""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during an arm, saying what was kept."""
 
 
 def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
@@ -49,13 +62,46 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     parent = parent_run_id(job.parent_run_id, job.sweep_dir)
     tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent)
     tracker.log_artifact(config_file)
-    return run_arm(step, transports, tracker, StressThenBench(step.repetition), output_dir)
+    try:
+        return run_arm(step, transports, tracker, StressThenBench(step.repetition), output_dir)
+    except KeyboardInterrupt as e:
+        kept = _lines(output_dir / "stress" / "sessions.jsonl")
+        raise Interrupted(
+            f"{e}: stopped arm {step.label} #{step.repetition}; its MLflow run {tracker.run_id} is KILLED "
+            f"with the {kept} sessions that completed, earlier arms are kept as they finished, and every "
+            f"server this arm started was stopped"
+        ) from None
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    return run_job(cfg, Path(HydraConfig.get().runtime.output_dir))
+    try:
+        return run_job(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (PreflightError, LeaseHeld) as e:
+        raise ArmRefused(str(e)) from e
+
+
+def cli() -> None:
+    """The command: its own checks of the command line, then the Hydra app; an interrupt ends with one
+    line saying what was kept, not a traceback."""
+    from orchestrator.argv import command_line_problems
+
+    problems = command_line_problems(sys.argv[1:])
+    if problems:
+        print("invalid command line:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+        sys.exit(2)
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        print(
+            f"heisenhunt: {e}" if isinstance(e, Interrupted) else "heisenhunt: interrupted", file=sys.stderr
+        )
+        sys.exit(130)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -171,7 +171,9 @@ def sweep_study(config: DictConfig, arguments: Sequence[str] | None = None) -> t
     composed = study_of(config)
     sweeper = config.hydra.get("sweeper") or {}
     task = list(arguments if arguments is not None else config.hydra.overrides.get("task") or [])
-    if sweeper.get("params"):
+    # a study's own sweep, or a command line that defines the study itself, is not ad hoc
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in task]
+    if sweeper.get("params") or any(k.startswith("study.") and k != "study.name" for k in keys):
         return composed, False
     choices = choices_of(OverridesParser.create().parse_overrides(task))
     swept = {name: [a.split("=", 1)[1] for a in values] for name, values in choices.items()}
