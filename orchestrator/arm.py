@@ -108,6 +108,12 @@ class Workload(Protocol):
     def measure(self, plan: ArmPlan, deployment: Deployment, tracker: Tracker, out_dir: Path) -> None: ...
 
 
+def carries_bench(plan: ArmPlan, repetition: int) -> bool:
+    """Whether this repetition of the arm runs the throughput sweep (`bench.repetitions`)."""
+    wanted = plan.bench.repetitions
+    return plan.bench.enabled and (wanted is None or repetition in wanted)
+
+
 @dataclass(frozen=True)
 class StressThenBench:
     """The standard workload: the tool-calling stress reproducer, then (if enabled) the throughput sweep,
@@ -145,7 +151,7 @@ class StressThenBench:
             raise
         tracker.log_stress(summary, stress_dir)
         deployment.check_alive("the stress workload")
-        if plan.bench.enabled:
+        if carries_bench(plan, self.repetition):
             b = plan.bench
             bench_dir = out_dir / "bench"
             config = BenchConfig(

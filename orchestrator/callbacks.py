@@ -19,7 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config import ConfigError, load_job, sweep_design, sweep_study
-from orchestrator.plan import plan_arm
+from orchestrator.plan import measurement_conditions, plan_arm
 from orchestrator.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,17 @@ def _tracking():
     return tracking
 
 
-def build_report(tracking_uri: str, study: str, out_dir: Path, plots: bool = True) -> list[Path]:
-    """MLflow -> analysis -> files; returns the paths, report.md first."""
+def build_report(
+    tracking_uri: str, study: str, out_dir: Path, plots: bool = True, pool_sweeps: bool = False
+) -> list[Path]:
+    """MLflow -> analysis -> files; returns the paths, report.md first. The latest sweep's runs (and
+    those it resumed) unless `pool_sweeps`; its measurement conditions pick today's arms."""
     from orchestrator.analysis import analyse
     from orchestrator.report import write_report
 
-    spec, context, runs = _tracking().load_study(tracking_uri, study)
-    return write_report(analyse(spec, runs, context), out_dir, plots, tracking_uri)
+    spec, context, runs = _tracking().load_study(tracking_uri, study, pool_sweeps)
+    report = analyse(spec, runs, context, conditions=context.get("conditions") or None)
+    return write_report(report, out_dir, plots, tracking_uri)
 
 
 def recorded_overrides(config: DictConfig) -> list[str]:
@@ -75,7 +79,13 @@ class StudyCallback(Callback):
         tracking_conf = OmegaConf.to_object(config.tracking)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         self.run_id = _tracking().start_study_run(
-            tracking_conf, study, sweep_dir, sweep_design(config, adhoc), recorded_overrides(config)
+            tracking_conf,
+            study,
+            sweep_dir,
+            sweep_design(config, adhoc),
+            recorded_overrides(config),
+            conditions=measurement_conditions(OmegaConf.to_object(config.workload)),
+            resume=bool(config.get("resume")),
         )
         self.study_name = study.name
         self._uri, self._ended = uri, False

@@ -83,6 +83,22 @@ class ArmPlan:
     def secrets(self) -> dict[str, str]:
         return {name: value for role in self.roles.values() for name, value in role.secrets.items()}
 
+    @property
+    def conditions(self) -> dict[str, str]:
+        return measurement_conditions(self.workload)
+
+
+def measurement_conditions(workload: StressConf) -> dict[str, str]:
+    """What, beside the deployment (the signature), changes what a session measures: the workload's
+    shape. Its seed does not (repetitions use other seeds on purpose), nor does the throughput sweep."""
+    return {
+        "workload.sessions": str(workload.sessions),
+        "workload.rounds": str(workload.rounds),
+        "workload.concurrency": str(workload.concurrency),
+        "workload.timeout_s": str(float(workload.timeout_s)),
+        "workload.check_plan": str(bool(workload.check_plan)).lower(),
+    }
+
 
 @dataclass(frozen=True)
 class RoleMerge:

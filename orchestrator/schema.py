@@ -239,6 +239,10 @@ class StressConf:
 @dataclass
 class BenchConf:
     enabled: bool = True
+    # the repetitions (server starts) of each arm that run the sweep; null: every one. Throughput is
+    # minutes of GPU time per start and moves far less between starts than a heisenbug's rate does, so
+    # by default only each arm's first start is measured (the report says which runs carried a sweep)
+    repetitions: list[int] | None = field(default_factory=lambda: [0])
     concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 64])
     # closed loop: this many requests per level (multiplied by the level's concurrency)
     requests_per_worker: int = 4

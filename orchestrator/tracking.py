@@ -40,6 +40,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,9 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 ARMS_VIEW = "heisenhunt-arms"
 VIEW_TAG = "mlflow.sharedViewState."
 LAUNCH_ARTIFACT = "launch/launch.json"
+PLANNED_ARTIFACT = "study/planned.json"
+# artifact downloads while loading a study run in parallel: each is a small file read, mostly waiting
+LOAD_THREADS = 8
 # the arm's outcome, named to sort first
 CORRUPTED, SESSIONS, RATE = "arm.corrupted", "arm.sessions", "arm.rate"
 RATE_CI_LOW, RATE_CI_HIGH = "arm.rate_ci_low", "arm.rate_ci_high"
@@ -120,9 +124,9 @@ def arms_view(factors: Iterable[str]) -> str:
     """The saved runs view (an experiment tag's value, as MLflow's "Views" menu stores it): the arm runs
     grouped by arm (expanded, not folded under their parent run), newest first, the run name whole, then
     a column per factor and the outcome."""
-    run_name = _column("attributes", "Run Name")
+    run_name, factors = _column("attributes", "Run Name"), sorted(factors)
     columns = [
-        *(_column("params", f"factor.{name}") for name in sorted(factors)),
+        *(_column("params", f"factor.{name}") for name in factors),
         *(_column("metrics", key) for key in (RATE, CORRUPTED, SESSIONS)),
     ]
     state = {
@@ -135,7 +139,9 @@ def arms_view(factors: Iterable[str]) -> str:
         "datasetsFilter": [],
         "selectedColumns": columns,
         "columnOrder": [run_name, *columns],
-        "columnWidths": {run_name: 260} | {c: 140 for c in columns if c.startswith("params.")},
+        # wide enough for each header (~9 px a character): a factor column's values are short levels
+        "columnWidths": {run_name: 260}
+        | {_column("params", f"factor.{name}"): 9 * len(f"factor.{name}") + 24 for name in factors},
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "arm"}]},
     }
     return json.dumps(
@@ -204,10 +210,18 @@ def parent_run_id(explicit: str | None, sweep_dir: str | None) -> str | None:
 
 
 def start_study_run(
-    tracking: TrackingConf, study: StudyConf, sweep_dir: Path, design: str, overrides: list[str]
+    tracking: TrackingConf,
+    study: StudyConf,
+    sweep_dir: Path,
+    design: str,
+    overrides: list[str],
+    conditions: Mapping[str, str] | None = None,
+    resume: bool = False,
 ) -> str:
     """The parent run of a sweep (left RUNNING), with the study definition attached; its id is left in
-    the sweep dir for the jobs. `overrides` must already be redacted."""
+    the sweep dir for the jobs. `overrides` must already be redacted. `conditions`: the sweep's
+    measurement conditions (plan.measurement_conditions), which pick today's arms in the report;
+    `resume`: the sweep continues earlier ones (their FINISHED runs of the planned jobs count)."""
     client = make_client(tracking.uri)
     exp_id = ensure_experiment(client, study.name, tracking.artifact_location, view_factors(study))
     tags = {
@@ -216,6 +230,8 @@ def start_study_run(
         "sweep_dir": str(sweep_dir),
         "design": design,
         "overrides": json.dumps(overrides)[:MAX_TAG],
+        "conditions": json.dumps(dict(conditions or {}), sort_keys=True),
+        "resume": str(bool(resume)).lower(),
         NOTE_TAG: study.description[:MAX_TAG],
     }
     # the experiment already names the study: the sweep dir's name (its start time) is short and whole
@@ -227,6 +243,15 @@ def start_study_run(
     (sweep_dir / PARENT_FILE).parent.mkdir(parents=True, exist_ok=True)
     (sweep_dir / PARENT_FILE).write_text(run.info.run_id + "\n")
     return run.info.run_id
+
+
+def record_planned(uri: str, run_id: str, jobs: list[tuple[str, int]]) -> None:
+    """The (signature, repetition) of every job the sweep planned, as `study/planned.json`: a resumed
+    sweep's report counts the earlier FINISHED runs of exactly these jobs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / PLANNED_ARTIFACT.rsplit("/", 1)[1]
+        path.write_text(json.dumps(sorted(set(jobs))))
+        make_client(uri).log_artifact(run_id, str(path), PLANNED_ARTIFACT.rsplit("/", 1)[0])
 
 
 def end_study_run(
@@ -311,6 +336,7 @@ class ArmTracker:
             "repetition": str(int(repetition)),
             "arm": label,
             "outcomes": "none",
+            "conditions": json.dumps(plan.conditions, sort_keys=True),
         }
         if parent_run_id:
             tags[PARENT_TAG] = parent_run_id
@@ -590,12 +616,9 @@ def _launch_config(client: MlflowClient, run: Any, tmp: Path) -> dict[str, dict[
     return {role: config[role] for role in sorted(config)}
 
 
-def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
+def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str, Any]]) -> RunRecord:
+    """A run as the analysis reads it (pure, given what was downloaded for it)."""
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-    config = _launch_config(client, run, tmp)
-    bench: tuple[LevelSample, ...] = ()
-    if tags.get("bench") == "logged" and run.info.status == "FINISHED":
-        bench = _bench_levels(client, run.info.run_id, tmp / run.info.run_id) or _bench_from_metrics(metrics)
     outcomes = tags.get("outcomes", "none")
     return RunRecord(
         run_id=run.info.run_id,
@@ -618,11 +641,93 @@ def _record(client: MlflowClient, run: Any, tmp: Path) -> RunRecord:
             for k in ("capture_batches", "eager_batches", "bootstrap_failures")
             if k in metrics
         },
+        conditions=json.loads(tags.get("conditions") or "{}"),
     )
 
 
-def load_study(uri: str, study: str) -> tuple[StudyConf, dict[str, Any], list[RunRecord]]:
-    """The study definition (from its latest parent run), the report context, and every arm run."""
+def _has_bench(run: Any) -> bool:
+    return run.data.tags.get("bench") == "logged" and run.info.status == "FINISHED"
+
+
+def records(client: MlflowClient, runs: list[Any], tmp: Path) -> list[RunRecord]:
+    """RunRecords of `runs`, downloading only what the analysis reads: bench.json of the runs that carried
+    a throughput sweep, and launch.json once per signature (the launch is the signature's; only one
+    run's is shown). Downloads run in parallel."""
+    first_of_signature: dict[str, Any] = {}
+    for run in sorted(runs, key=lambda r: (r.info.status != "FINISHED", r.info.start_time or 0)):
+        first_of_signature.setdefault(run.data.tags.get("signature", "?"), run)
+    with ThreadPoolExecutor(LOAD_THREADS) as pool:
+        benches = {
+            r.info.run_id: pool.submit(_bench_levels, client, r.info.run_id, tmp / r.info.run_id)
+            for r in runs
+            if _has_bench(r)
+        }
+        configs = {
+            sig: pool.submit(_launch_config, client, r, tmp / f"launch-{r.info.run_id}")
+            for sig, r in first_of_signature.items()
+        }
+        out = []
+        for run in runs:
+            bench = benches[run.info.run_id].result() if run.info.run_id in benches else ()
+            if not bench and _has_bench(run):
+                bench = _bench_from_metrics(run.data.metrics)
+            out.append(_record(run, bench, configs[run.data.tags.get("signature", "?")].result()))
+    return out
+
+
+def sweep_runs(
+    runs: list[Any], parent: Any, planned: set[tuple[str, int]] | None, pool_sweeps: bool
+) -> tuple[list[Any], str]:
+    """Which arm runs a sweep's report counts, and how the report says it (pure).
+
+    By default: the runs of this sweep (its parent run) only, so an earlier sweep (another workload, a
+    re-run after an inconclusive study: an unplanned second look) never pools in. A resumed sweep adds
+    the earlier FINISHED runs of the jobs it planned and skipped. `pool_sweeps`: every run of the study."""
+    if pool_sweeps:
+        sweeps = {r.data.tags.get(PARENT_TAG) for r in runs}
+        return list(runs), f"all {len(runs)} arm runs of the study, from {len(sweeps)} sweep(s) (asked for)"
+    parent_id = parent.info.run_id
+    mine = [r for r in runs if r.data.tags.get(PARENT_TAG) == parent_id]
+    if parent.data.tags.get("resume") != "true" or not planned:
+        return mine, f"the {len(mine)} arm runs of sweep {parent_id}"
+    covered = {
+        (r.data.tags.get("signature"), int(r.data.tags.get("repetition", 0)))
+        for r in mine
+        if r.info.status == "FINISHED"
+    }
+    conditions = parent.data.tags.get("conditions") or "{}"
+    earlier = [
+        r
+        for r in runs
+        if r.data.tags.get(PARENT_TAG) != parent_id
+        and r.info.status == "FINISHED"
+        and (key := (r.data.tags.get("signature"), int(r.data.tags.get("repetition", 0)))) in planned
+        and key not in covered
+        and (r.data.tags.get("conditions") or "{}") == conditions
+    ]
+    # one FINISHED run per planned job: the latest, when earlier sweeps ran it more than once
+    latest: dict[tuple[str, int], Any] = {}
+    for r in sorted(earlier, key=lambda r: r.info.start_time or 0):
+        latest[(r.data.tags.get("signature"), int(r.data.tags.get("repetition", 0)))] = r
+    return mine + list(latest.values()), (
+        f"the {len(mine)} arm runs of sweep {parent_id}, and {len(latest)} FINISHED runs of earlier "
+        f"sweeps that it resumed (resume=true skipped them)"
+    )
+
+
+def _planned(client: MlflowClient, run_id: str, tmp: Path) -> set[tuple[str, int]] | None:
+    try:
+        path = client.download_artifacts(run_id, PLANNED_ARTIFACT, str(tmp))
+    except (MlflowException, OSError):
+        return None
+    return {(str(sig), int(rep)) for sig, rep in json.loads(Path(path).read_text())}
+
+
+def load_study(
+    uri: str, study: str, pool_sweeps: bool = False
+) -> tuple[StudyConf, dict[str, Any], list[RunRecord]]:
+    """The study definition and the report context (from its latest parent run: its sweep), and the arm
+    runs that sweep's report counts (`sweep_runs`)."""
     client = make_client(uri)
     exp = client.get_experiment_by_name(study)
     if exp is None:
@@ -638,13 +743,15 @@ def load_study(uri: str, study: str) -> tuple[StudyConf, dict[str, Any], list[Ru
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = client.download_artifacts(parent.info.run_id, "study/study.json", tmp)
         spec = StudyConf.from_dict(json.loads(Path(spec_path).read_text()))
-        runs = [
-            _record(client, r, Path(tmp))
-            for r in _iter_runs(client, exp.experiment_id, f"tags.`{KIND}` = 'arm'")
-        ]
+        planned = _planned(client, parent.info.run_id, Path(tmp) / "planned")
+        every = list(_iter_runs(client, exp.experiment_id, f"tags.`{KIND}` = 'arm'"))
+        chosen, pooled = sweep_runs(every, parent, planned, pool_sweeps)
+        runs = records(client, chosen, Path(tmp))
     context = {
         "parent_run_id": parent.info.run_id,
         "overrides": json.loads(parent.data.tags.get("overrides", "[]")),
         "design": parent.data.tags.get("design", ""),
+        "conditions": json.loads(parent.data.tags.get("conditions") or "{}"),
+        "pooled": pooled,
     }
     return spec, context, runs

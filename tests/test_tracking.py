@@ -313,3 +313,65 @@ def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
     # no sweep, no env, no explicit id: a job run on its own has no parent
     cfg.hydra.sweep.dir = "/nonexistent/sweep"
     assert _parent(cfg) is None
+
+
+def _sweep(cfg_for, tmp_path, name: str, arms, *overrides: str) -> StudyCallback:
+    """One sweep: its parent run (the callback), and arm runs `(extra overrides, corrupted, clean, rep)`."""
+    cfg = cfg_for(f"hydra.sweep.dir={tmp_path}/{name}", *overrides)
+    callback = StudyCallback()
+    callback.on_multirun_start(cfg)
+    try:
+        for extra, corrupted, clean, rep in arms:
+            job, plan = job_and_plan(cfg_for(f"hydra.sweep.dir={tmp_path}/{name}", *overrides, *extra))
+            with ArmTracker.start(job.tracking, job.study, plan, rep, callback.run_id) as tracker:
+                out = tmp_path / name / f"{len(extra)}-{rep}"
+                tracker.log_stress(write_stress(out, corrupted, clean), out)
+    finally:
+        callback._ended = True  # no report here
+        callback._restore_env()
+    return callback
+
+
+def test_a_report_counts_its_own_sweep_not_an_earlier_one_with_another_workload(cfg_for, tmp_path):
+    off = ("factor/multi_stream=off",)
+    _sweep(
+        cfg_for,
+        tmp_path,
+        "old",
+        [((), 30, 30, 0), (off, 20, 40, 0)],
+        "workload.sessions=60",
+        "workload.rounds=2",
+    )
+    new = _sweep(cfg_for, tmp_path, "new", [((), 9, 51, 0), (off, 0, 60, 0)])
+    cfg = cfg_for()
+    spec, context, runs = load_study(str(cfg.tracking.uri), str(cfg.study.name))
+    assert context["parent_run_id"] == new.run_id and "of sweep" in context["pooled"]
+    assert sorted((r.corrupted, r.clean) for r in runs) == [(0, 60), (9, 51)]
+    # asked to pool: the earlier sweep's runs come in, but as other arms (another workload's conditions)
+    _, pooled_context, pooled = load_study(str(cfg.tracking.uri), str(cfg.study.name), pool_sweeps=True)
+    assert len(pooled) == 4 and "asked for" in pooled_context["pooled"]
+    from orchestrator.analysis import analyse
+
+    report = analyse(spec, pooled, pooled_context, conditions=pooled_context["conditions"])
+    [h] = report["hypotheses"]
+    assert h["baseline_counts"] == [9, 60] and h["treatment_counts"] == [0, 60]
+    assert len(report["arms"]) == 4  # same factor levels, two workloads: four arms
+
+
+def test_a_resumed_sweep_counts_the_earlier_finished_runs_it_skipped(cfg_for, tmp_path):
+    off = ("factor/multi_stream=off",)
+    first = _sweep(cfg_for, tmp_path, "first", [((), 9, 51, 0), (off, 0, 60, 0)])
+    client = client_for(cfg_for())
+    base_signature = next(
+        r.data.tags["signature"]
+        for r in client.search_runs([client.get_experiment_by_name("quick").experiment_id])
+        if r.data.tags.get("arm") == "baseline"
+    )
+    second = _sweep(cfg_for, tmp_path, "second", [(off, 0, 60, 1)], "resume=true")
+    from orchestrator.tracking import record_planned
+
+    record_planned(str(cfg_for().tracking.uri), second.run_id, [(base_signature, 0)])
+    _, context, runs = load_study(str(cfg_for().tracking.uri), "quick")
+    # this sweep's run, and the baseline run resumed from the first sweep; not the first sweep's other run
+    assert sorted((r.repetition, r.corrupted) for r in runs) == [(0, 9), (1, 0)]
+    assert "resumed" in context["pooled"] and first.run_id != second.run_id

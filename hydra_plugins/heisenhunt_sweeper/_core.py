@@ -61,6 +61,12 @@ def arm_overrides(job: "list[str]") -> "tuple[str, ...]":
     return tuple(a for a in job if _key(a) != "repetition")
 
 
+def job_repetition(job: "list[str]", default: int) -> int:
+    """The repetition a job runs (its `repetition=` override, else the config's)."""
+    values = [_value(a) for a in job if _key(a) == "repetition" and _value(a).isdigit()]
+    return int(values[-1]) if values else default
+
+
 def repetition_problems(job: "list[str]") -> "list[str]":
     """A repetition must be a whole number >= 0 (it seeds the workload and names the run)."""
     values = [_value(a) for a in job if _key(a) == "repetition"]

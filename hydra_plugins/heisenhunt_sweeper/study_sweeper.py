@@ -31,6 +31,7 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     arm_overrides,
     batches,
     collapse,
+    job_repetition,
     ofat_jobs,
     repetition_problems,
 )
@@ -64,6 +65,7 @@ class StudySweeper(BasicSweeper):
         self._ofat_batches: list | None = None
         self.study = None
         self.design_run = design
+        self._planned: list[tuple[str, int]] = []
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.adhoc import study_overrides
@@ -129,6 +131,8 @@ class StudySweeper(BasicSweeper):
             else:
                 planned.append((job_name, found))
             problems += [f"{p}{JOB_SEP}{job_name}" for p in repetition_problems(overrides)]
+        if not problems and not dry_run:
+            self._record_planned(planned, batch)
         if not problems and dry_run:
             from orchestrator.dryrun import arm_listing
 
@@ -140,6 +144,22 @@ class StudySweeper(BasicSweeper):
             error = ConfigError(collapse(problems, len(batch)))
             self._end_parent_refused(planned, str(error))
             raise error
+
+    def _record_planned(self, planned, batch) -> None:
+        """The parent run keeps every (signature, repetition) the sweep plans: a resumed sweep's report
+        counts the earlier FINISHED runs of exactly these jobs."""
+        import os
+
+        from orchestrator.tracking import PARENT_ENV, record_planned
+
+        run_id = os.environ.get(PARENT_ENV)
+        if not run_id:
+            return
+        assert self.config is not None
+        default = int(self.config.get("repetition", 0))
+        repetitions = {" ".join(job): job_repetition(job, default) for job in batch}
+        self._planned += [(plan.signature, repetitions[name]) for name, plan in planned]
+        record_planned(str(self.config.tracking.uri), run_id, self._planned)
 
     def _end_parent_refused(self, planned, reason: str) -> None:
         """The sweep's parent run (if the study callback opened one) ends FAILED with the reason."""

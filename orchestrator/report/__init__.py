@@ -100,15 +100,28 @@ def title_section(report: dict[str, Any]) -> list[str]:
         out += [f"> {study['description'].strip()}", ""]
     base_desc = ", ".join(f"{k}={v}" for k, v in sorted(study["baseline"].items()))
     family = len(report["hypotheses"])
+    relative = study.get("min_effect_relative", False)
+    margin = (
+        f"±{pct(study['min_effect'], 0)} of the baseline's rate"
+        if relative
+        else f"±{pct(study['min_effect'])}"
+    )
     out += [
-        f"Baseline arm: `{base_desc}`. Test: {study['test']} (two-sided), Holm across {family} "
+        f"Baseline arm: `{base_desc}`. Test: {study['test']} (two-sided) on effective counts (sessions "
+        f"divided by the design effect of the restart-to-restart variation), Holm across {family} "
         f"hypothes{'i' if family == 1 else 'e'}s at alpha {study['alpha']}; implicated needs the changed "
         f"arm's upper bound under {pct(study['ceiling'])}; exonerated needs the difference's {conf} "
-        f"interval within ±{pct(study['min_effect'])}.",
+        f"interval within {margin} (a change that removes corruption is never exonerated).",
         "",
     ]
-    if report["context"].get("parent_run_id"):
-        out += [f"MLflow parent run: `{report['context']['parent_run_id']}`", ""]
+    between = report.get("between_runs")
+    if between:
+        out += [f"Between server starts ({between['method']}): {between['note']}.", ""]
+    context = report["context"]
+    if context.get("pooled"):
+        out += [f"Runs counted: {context['pooled']}.", ""]
+    if context.get("parent_run_id"):
+        out += [f"MLflow parent run: `{context['parent_run_id']}`", ""]
     return out
 
 
@@ -154,9 +167,12 @@ def arms_section(report: dict[str, Any]) -> list[str]:
         "arm",
         "signature",
         "runs used",
+        "corrupted per run",
         "corrupted/n",
         "rate",
         f"{conf} CI",
+        "design effect",
+        "effective n",
         "errored",
         "captured/eager batches",
         "note",
@@ -166,9 +182,12 @@ def arms_section(report: dict[str, Any]) -> list[str]:
             a["label"],
             f"`{a['signature']}`",
             f"{sum(r['used'] for r in a['runs'])}/{len(a['runs'])}",
+            _per_run(a),
             f"{a['corrupted']}/{a['n']}",
             pct(a["rate"]),
             interval(a["ci"]),
+            num(a.get("design_effect"), ".2f"),
+            num(a.get("effective_n"), ".0f"),
             a["errored"],
             _batches(a["facts"]),
             "partial" if a["partial"] else "",
@@ -178,11 +197,19 @@ def arms_section(report: dict[str, Any]) -> list[str]:
     return [
         "## Arms",
         "",
-        f"Corruption counts pool every run of an arm (same signature); errored sessions are "
-        f"counted apart and are not in n. Intervals: {conf} Clopper-Pearson.",
+        f"An arm pools its FINISHED runs with complete outcomes (same signature and workload); a killed "
+        f"or failed run is listed below with its counts, never pooled (its outcomes are biased: a "
+        f"corrupted session ends at its first bad turn). Errored sessions are counted apart and are not in "
+        f"n. Intervals: {conf}, exact, widened for the restart-to-restart variation.",
         "",
         *_table(head, rows),
     ]
+
+
+def _per_run(arm: dict[str, Any]) -> str:
+    """`16/60, 9/60, 11/60`: each pooled run's corrupted/n, in repetition order."""
+    used = [r for r in arm["runs"] if r["used"]]
+    return ", ".join(f"{r['corrupted']}/{r['corrupted'] + r['clean']}" for r in used) or "–"
 
 
 def _throughput_rows(levels: list[dict[str, Any]], base_tok: dict[int, Any], arm_tok: dict[int, Any]) -> list:
@@ -227,9 +254,12 @@ def throughput_section(report: dict[str, Any]) -> list[str]:
     for t in report["throughput"]:
         arm = next(a for a in report["arms"] if a["signature"] == t["arm"])
         arm_tok = {lv["concurrency"]: lv for lv in arm["throughput"]}
+        swept = max((lv["runs"] for lv in arm["throughput"]), default=0)
+        base_runs = max((lv["runs"] for lv in base_arm["throughput"]), default=0) if base_arm else 0
         out += [
             f"**{t['label']}** vs baseline: {t['verdict']} (floor {pct(study['throughput_floor'], 0)} of "
-            f"baseline, lower bound of a {conf} bootstrap interval).",
+            f"baseline, lower bound of a {conf} bootstrap interval; the sweep ran on {swept} run(s) of this "
+            f"arm and {base_runs} of the baseline: `bench.repetitions`).",
             "",
             *_table(head, _throughput_rows(t["levels"], base_tok, arm_tok)),
         ]
@@ -257,7 +287,7 @@ def problem_runs_section(report: dict[str, Any]) -> list[str]:
             p["outcomes"],
             "yes (partial)" if p["used"] else "no",
             f"{p['corrupted']}/{p['clean']}/{p['errored']} of {p['planned']}",
-            p["reason"] or "–",
+            (p["reason"] or "–") + ("" if p["used"] else " (outcomes not pooled)"),
         ]
         for p in report["problem_runs"]
     ]

@@ -20,10 +20,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--study", required=True, help="the study name (= the MLflow experiment)")
     parser.add_argument("--out", default="reports", help="reports directory; the report goes to OUT/STUDY/")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--pool-sweeps",
+        action="store_true",
+        help="count the arm runs of every sweep of the study (default: the latest sweep, and the runs it "
+        "resumed); the report says what it pooled",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        paths = build_report(args.tracking_uri, args.study, Path(args.out), plots=not args.no_plots)
+        paths = build_report(
+            args.tracking_uri,
+            args.study,
+            Path(args.out),
+            plots=not args.no_plots,
+            pool_sweeps=args.pool_sweeps,
+        )
     except LookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
