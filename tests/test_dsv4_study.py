@@ -57,7 +57,7 @@ def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
     assert verdicts(report) == {"H-multistream": "implicated"}, out[-3000:]
     assert {a["label"] for a in report["arms"]} == {"baseline", "multi_stream=off"}
-    assert all(len(a["runs"]) == 2 for a in report["arms"])  # two repetitions each
+    assert all(len(a["runs"]) == 3 for a in report["arms"])  # three repetitions each
     fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
     assert fix["verdict"] == "no regression", fix
     assert "orchestrator.sim.server" in report["arms"][0]["config"]["decode"]["argv"]

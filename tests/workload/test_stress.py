@@ -251,7 +251,15 @@ def test_cli_runs_and_ctrl_c_leaves_a_partial_summary(start_sim, tmp_path):
         "--concurrency",
         "4",
     ]
-    proc = subprocess.Popen(argv2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT restored to its default in the child: a background pytest (`pytest &`) starts children with
+    # SIGINT ignored, and the CLI would never see the Ctrl-C this test sends
+    proc = subprocess.Popen(
+        argv2,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 60
         jsonl = out2 / "sessions.jsonl"

@@ -1,0 +1,72 @@
+"""`python -m orchestrator.sim.up`: the PD sim by hand, for the standalone tools, and nothing left after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from orchestrator.workload.stress import StressSettings, run_stress_sync
+
+
+def _free_run_of_ports(count: int = 5) -> int:
+    """A base port with `count` free ports from it (the router's and the four after it)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count < 65000 and all(_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_sim_comes_up_serves_the_stress_tool_and_stops_on_ctrl_c(tmp_path):
+    port = _free_run_of_ports()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.sim.up", "--port", str(port), "--time-scale", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # SIGINT as a terminal sends it, also when pytest itself runs in the background (ignored SIGINT
+        # would be inherited)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        line = proc.stdout.readline()
+        assert f"router http://127.0.0.1:{port}" in line, line + proc.stdout.read()
+        children = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(children) == 3
+        settings = StressSettings(
+            url=f"http://127.0.0.1:{port}", out_dir=tmp_path / "stress", sessions=6, rounds=2, progress=False
+        )
+        summary = run_stress_sync(settings)
+        assert summary.sessions == 6 and summary.errored == 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while any(_alive(int(pid)) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(int(pid)) for pid in children)
+        assert all(_free(port + i) for i in range(3))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
