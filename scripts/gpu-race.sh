@@ -96,6 +96,8 @@ pack() {
     [ -f "$d/decode.log" ] && cp "$d/decode.log" "$dest/logs/$(basename "$d").decode.log"
   done
   cp -r "$RUN/tree/gpu-counters" "$dest/counters" 2>/dev/null || mkdir -p "$dest/counters"
+  # the MLflow store itself: the report can then be rebuilt here with `python -m orchestrator.report`
+  cp "$work"/mlruns.db "$dest/" 2>/dev/null || true
 }
 
 device() {
