@@ -25,7 +25,8 @@ from typing import Any
 from orchestrator.stats import design_effect, dispersion
 
 SEED_LINE = re.compile(r"GPU decode engine on .*\bseed (\d+)")
-LABEL = re.compile(r"^(?P<study>.+)-(?P<signature>[0-9a-f]{12})-r(?P<repetition>\d+)$")
+# a start's log folder: <study>-<signature>-r<repetition>, then (since every start logs apart) its run id
+LABEL = re.compile(r"^(?P<study>.+?)-(?P<signature>[0-9a-f]{12})-r(?P<repetition>\d+)(-[0-9a-f]+)?$")
 EAGER = "eager"
 
 
@@ -58,7 +59,9 @@ def start_rows(
     rows = []
     for arm in report["arms"]:
         for run in arm["runs"]:
-            counters = starts.get((arm["signature"], int(run["repetition"])))
+            # the deployment's signature (an arm's identity adds its workload's conditions)
+            signature = arm.get("deployment_signature", arm["signature"])
+            counters = starts.get((signature, int(run["repetition"])))
             rows.append(
                 {
                     "arm": arm["label"],
