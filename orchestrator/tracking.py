@@ -123,11 +123,13 @@ def view_factors(study: StudyConf, plan_factors: Iterable[str] = ()) -> list[str
 def arms_view(factors: Iterable[str]) -> str:
     """The saved runs view (an experiment tag's value, as MLflow's "Views" menu stores it): the arm runs
     grouped by arm (expanded, not folded under their parent run), newest first, the run name whole, then
-    a column per factor and the outcome."""
+    the outcome and a column per factor."""
     run_name, factors = _column("attributes", "Run Name"), sorted(factors)
+    # the outcome next to the run name (which names the levels that differ from the baseline), then the
+    # factors: the MLflow Assistant's panel leaves the table ~700 px of a 1280 px screen
     columns = [
-        *(_column("params", f"factor.{name}") for name in factors),
         *(_column("metrics", key) for key in (RATE, CORRUPTED, SESSIONS)),
+        *(_column("params", f"factor.{name}") for name in factors),
     ]
     state = {
         "searchFilter": f"tags.`{KIND}` = 'arm'",
@@ -157,6 +159,10 @@ def arms_view_url(ui: str, experiment_id: str) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _digits(x: float) -> float:
+    return float(f"{x:.4g}")
 
 
 def _flatten(prefix: str, node: Any) -> dict[str, str]:
@@ -398,10 +404,12 @@ class ArmTracker:
         """Counts, rate and its exact interval; partial when fewer sessions than planned have an outcome."""
         n = summary.clean + summary.corrupted
         lo, hi = clopper_pearson(summary.corrupted, n)
-        metrics: dict[str, float] = {RATE: summary.corrupted / n} if n else {}  # first: see _startup
+        # the rate first (see _startup); rate and bounds to 4 significant digits, which the UI's cells show
+        # whole (the counts beside them are exact)
+        metrics: dict[str, float] = {RATE: _digits(summary.corrupted / n)} if n else {}
         metrics |= {CORRUPTED: summary.corrupted, SESSIONS: n}
         if n:
-            metrics |= {RATE_CI_LOW: lo, RATE_CI_HIGH: hi}
+            metrics |= {RATE_CI_LOW: _digits(lo), RATE_CI_HIGH: _digits(hi)}
         metrics |= {
             "sessions_total": summary.sessions,
             "sessions_clean": summary.clean,

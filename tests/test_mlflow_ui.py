@@ -22,11 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
+from orchestrator.config import CONF_DIR
 from orchestrator.results import StressSummary
 from orchestrator.tracking import NOTE_TAG, ArmTracker, arms_view_url, end_study_run, start_study_run
-from tests.conftest import free_port, job_and_plan
+from tests.conftest import free_port, job_and_plan, local_cluster_overrides
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "mlflow-compare.png"
@@ -41,7 +43,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-# baseline 9/60 corrupted, multi_stream=off 1/60: rates the chart labels 0.15000 and 0.01667
+# baseline 9/60 corrupted, multi_stream=off 1/60: the chart labels the rates 0.15000 and 0.01667, the
+# runs table shows 0.15 and 0.01667
 ARMS = {(): (9, 51), ("factor/multi_stream=off",): (1, 59)}
 
 no_chromium = pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian's chromium (/usr/bin/chromium)")
@@ -85,17 +88,33 @@ def stress(corrupted: int, clean: int) -> StressSummary:
     return StressSummary(sessions=n, clean=clean, corrupted=corrupted, errored=0, planned=n)
 
 
-@pytest.fixture
-def study_store(compose_cfg, tmp_path):
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mlflow_ui")
+
+
+@pytest.fixture(scope="module")
+def study_store(store_dir):
     """A parent run and two arm runs (baseline, multi_stream=off) made by ArmTracker, as a sweep makes
-    them: startup logged before the outcome. Returns (tracking uri, experiment id, {label: run id})."""
-    overrides = (f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.sweep.dir={tmp_path}/sweep")
-    job, _ = job_and_plan(compose_cfg(*overrides))
-    sweep = tmp_path / "2026-12-01_09-30-00"
-    parent = start_study_run(job.tracking, job.study, sweep, "ofat", [])
+    them: startup logged before the outcome. Returns (tracking uri, experiment id, {run name: run id},
+    parent run id). One store (and one server) for the module: the server takes ~15 s to start."""
+    base = [
+        *local_cluster_overrides(store_dir),
+        f"tracking.uri=sqlite:///{store_dir}/mlflow.db",
+        f"tracking.artifact_location={store_dir}/artifacts",
+        f"report.dir={store_dir}/reports",
+        f"hydra.sweep.dir={store_dir}/sweep",
+    ]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        jobs = {
+            extra: job_and_plan(compose("config", [*base, *extra], return_hydra_config=True))
+            for extra in ARMS
+        }
+    job, _ = jobs[()]
+    parent = start_study_run(job.tracking, job.study, store_dir / "2026-12-01_09-30-00", "ofat", [])
     runs = {}
     for extra, (corrupted, clean) in ARMS.items():
-        job, plan = job_and_plan(compose_cfg(*overrides, *extra))
+        job, plan = jobs[extra]
         with ArmTracker.start(job.tracking, job.study, plan, 0, parent) as tracker:
             tracker.log_startup({"prefill": 1.5, "decode": 2.5, "router": 0.4})
             tracker.log_stress(stress(corrupted, clean), None)
@@ -105,10 +124,10 @@ def study_store(compose_cfg, tmp_path):
     return job.tracking.uri, exp_id, runs, parent
 
 
-@pytest.fixture
-def mlflow_ui(study_store, tmp_path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def mlflow_ui(study_store, store_dir) -> Iterator[str]:
     """`mlflow server` on a free loopback port over the study's store; yields its base URL."""
-    uri = study_store[0]
+    uri, tmp_path = study_store[0], store_dir
     port = free_port()
     env = os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
@@ -190,7 +209,7 @@ def test_compare_view_shows_both_levels_and_both_rates_on_the_first_screen(
 def test_arms_view_lists_each_arm_run_whole_with_its_rate(study_store, mlflow_ui, page):
     _, exp_id, runs, _ = study_store
     page.goto(arms_view_url(mlflow_ui, exp_id))
-    seen = wait_until_visible(page, [*runs, "arm.rate", "0.15"])
+    seen = wait_until_visible(page, [*runs, "arm.rate", "0.15", "0.01667"])
     assert all(seen.values()), f"not on the first screen: {[t for t, n in seen.items() if not n]}"
 
 

@@ -238,7 +238,7 @@ def test_interrupted_stress_keeps_partial_outcomes(cfg_for, tmp_path):
         2,
         60,
     )
-    assert m["arm.sessions"] == 23 and m["arm.rate"] == pytest.approx(3 / 23)
+    assert m["arm.sessions"] == 23 and m["arm.rate"] == 0.1304  # 3/23 to 4 significant digits
     # the outcome sorts first and is logged first (the compare view's chart plots a run's first metric)
     assert sorted(m)[:3] == ["arm.corrupted", "arm.rate", "arm.rate_ci_high"]
     assert next(iter(m)) == "arm.rate" and m["startup_s.decode"] == 2.0
