@@ -176,10 +176,14 @@ def sweep_study(config: DictConfig, arguments: Sequence[str] | None = None) -> t
     if sweeper.get("params") or any(k.startswith("study.") and k != "study.name" for k in keys):
         return composed, False
     choices = choices_of(OverridesParser.create().parse_overrides(task))
-    swept = {name: [a.split("=", 1)[1] for a in values] for name, values in choices.items()}
+    swept = swept_factors({name: [a.split("=", 1)[1] for a in values] for name, values in choices.items()})
+    # a sweep of factors the study already asks about (the default study and multi_stream) is that
+    # study's own; one that sweeps a factor it has no hypothesis for is a question of its own
+    if all(factor in {h.factor for h in composed.hypotheses} for factor in swept):
+        return composed, False
     named = any(o.lstrip("+~").startswith("study.name=") for o in task)
     levels = {str(k): str(v.get("level")) for k, v in (config.get("factor") or {}).items()}
-    study = adhoc_study(swept_factors(swept), levels, composed.name if named else None, " ".join(task))
+    study = adhoc_study(swept, levels, composed.name if named else None, " ".join(task))
     return (study, True) if study is not None else (composed, False)
 
 

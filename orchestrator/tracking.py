@@ -717,7 +717,16 @@ def sweep_runs(
     latest: dict[tuple[str, int], Any] = {}
     for r in sorted(earlier, key=lambda r: r.info.start_time or 0):
         latest[(r.data.tags.get("signature"), int(r.data.tags.get("repetition", 0)))] = r
-    return mine + list(latest.values()), (
+    # the earlier sweeps' interrupted or failed runs of the planned jobs: listed (why it was resumed),
+    # never pooled
+    stopped = [
+        r
+        for r in runs
+        if r.data.tags.get(PARENT_TAG) != parent_id
+        and r.info.status != "FINISHED"
+        and (r.data.tags.get("signature"), int(r.data.tags.get("repetition", 0))) in planned
+    ]
+    return mine + list(latest.values()) + stopped, (
         f"the {len(mine)} arm runs of sweep {parent_id}, and {len(latest)} FINISHED runs of earlier "
         f"sweeps that it resumed (resume=true skipped them)"
     )

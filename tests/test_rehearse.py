@@ -244,7 +244,7 @@ def test_command_line_interface_writes_the_documented_json(tmp_path: Path):
     result = json.loads(out.read_text())
     for key in ("family_false_implication", "all_right", "sessions_per_study", "hypotheses"):
         assert key in result
-    assert result["studies"] == 40 and result["sessions_per_study"] == 5 * 3 * 60
+    assert result["studies"] == 40 and result["sessions_per_study"] == 5 * 4 * 60
     hyps = {h["id"]: h for h in result["hypotheses"]}
     assert set(hyps) == {"H-multistream", "H-capture", "H-bf16", "H-hicache"}
     assert all(h["causal"] for h in hyps.values())  # the built-in model: every factor matters

@@ -393,11 +393,13 @@ def test_decode_dying_mid_stress_errors_the_sessions_in_flight_and_fails_the_arm
     # the corruption numbers leave errored sessions out: n counts clean + corrupted only
     assert m["arm.rate"] == 0.0
     report = json.loads((study.reports / STUDY / "report.json").read_text())
+    # the failed run is listed with its counts, never pooled into its arm
     [arm] = report["arms"]
-    assert (
-        arm["n"] == m["sessions_clean"] and arm["errored"] == m["sessions_errored"] and arm["corrupted"] == 0
-    )
+    assert arm["n"] == 0
     [problem] = report["problem_runs"]
+    assert problem["status"] == "FAILED" and not problem["used"]
+    assert problem["clean"] == m["sessions_clean"] and problem["errored"] == m["sessions_errored"]
+    assert problem["corrupted"] == 0
     assert problem["status"] == "FAILED" and "died during the stress workload" in problem["reason"]
     assert "died during the stress workload" in study.report_md()
     assert not study.live_servers() and not study.listening() and not study.pid_files()

@@ -453,10 +453,10 @@ def test_real_hydra_multirun_hands_the_parent_to_every_job(tmp_path):
     runs = client.search_runs([exp.experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("heisenhunt.kind") == "study"]
     children = [r for r in runs if r.data.tags.get("heisenhunt.kind") == "arm"]
-    assert len(children) == 4  # ofat on multi_stream x repetition 0,1
+    assert len(children) == 6  # ofat on multi_stream x repetition 0,1,2
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert parent.info.status == "FINISHED"
     assert (tmp_path / "sweep" / ".heisenhunt" / "parent_run_id").read_text().strip() == parent.info.run_id
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
     assert report["hypotheses"][0]["verdict"] == "implicated"
-    assert report["hypotheses"][0]["baseline_counts"] == [18, 120]
+    assert report["hypotheses"][0]["baseline_counts"] == [27, 180]

@@ -349,6 +349,15 @@ class _StressRun:
             ), None
 
 
+def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """A Ctrl-C or SIGTERM lands in whichever session task runs at that moment: that task's
+    KeyboardInterrupt is the interrupt the caller handles, not an error for asyncio to print as
+    "Task exception was never retrieved" with a traceback."""
+    if isinstance(context.get("exception"), KeyboardInterrupt):
+        return
+    loop.default_exception_handler(context)
+
+
 async def run_stress(
     settings: StressSettings, server_gone: Callable[[], str | None] | None = None
 ) -> StressSummary:
@@ -365,6 +374,7 @@ async def run_stress(
     progress = sys.stderr.isatty() if settings.progress is None else settings.progress
     outputs = _Outputs(settings.out_dir, settings.sessions, progress)
     started = time.monotonic()
+    asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
     try:
         await _StressRun(settings, outputs, server_gone).run()
     finally:

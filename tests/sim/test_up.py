@@ -28,9 +28,8 @@ def _free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_the_sim_comes_up_serves_the_stress_tool_and_stops_on_ctrl_c(tmp_path):
-    port = _free_run_of_ports()
-    proc = subprocess.Popen(
+def _start(port: int) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, "-m", "orchestrator.sim.up", "--port", str(port), "--time-scale", "0.05"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -39,9 +38,22 @@ def test_the_sim_comes_up_serves_the_stress_tool_and_stops_on_ctrl_c(tmp_path):
         # would be inherited)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    try:
+
+
+def test_the_sim_comes_up_serves_the_stress_tool_and_stops_on_ctrl_c(tmp_path):
+    # five ports in a row: another test's server may take one between the check and the bind; try again
+    for _ in range(3):
+        port = _free_run_of_ports()
+        proc = _start(port)
         line = proc.stdout.readline()
-        assert f"router http://127.0.0.1:{port}" in line, line + proc.stdout.read()
+        if "PD sim up" in line:
+            break
+        line += proc.stdout.read()  # it failed to start and is exiting: why?
+        proc.wait()
+        if "address already in use" not in line:
+            break
+    try:
+        assert f"router http://127.0.0.1:{port}" in line, line
         children = subprocess.run(
             ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
