@@ -108,6 +108,7 @@ class StudyCallback(Callback):
             )
             headline = json.loads(paths[1].read_text())["headline"]  # report.json
             log.info("report: %s", paths[0])
+            log.info(_tracking().ui_hint(self._uri, self.study_name or str(config.study.name)))
         except Exception as e:
             log.exception("the report could not be built")
             failure = f"report: {type(e).__name__}: {e}"

@@ -157,6 +157,20 @@ def arms_view_url(ui: str, experiment_id: str) -> str:
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
+def ui_hint(uri: str, study: str) -> str:
+    """Where to look at a study's arms in the MLflow UI: the tracking server itself, or the `mlflow ui`
+    to start over a local store."""
+    exp = make_client(uri).get_experiment_by_name(study)
+    if exp is None:
+        return ""
+    if uri.startswith(("http://", "https://")):
+        return f"arms in the MLflow UI: {arms_view_url(uri, exp.experiment_id)}"
+    return (
+        f"arms in the MLflow UI: `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then "
+        f"{arms_view_url('http://127.0.0.1:5000', exp.experiment_id)}"
+    )
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
