@@ -61,15 +61,17 @@ def test_a_baseline_run_killed_mid_way_does_not_change_the_verdicts(cluster, tmp
             runs.append(record(level, rep, json.loads((out / "summary.json").read_text())))
     before = analyse(SPEC, runs)
 
-    # one more baseline run, killed after about a third of a full run's time
+    # one more baseline run, killed part-way. Ten sessions at a time, so that some complete before the
+    # kill (with all 60 at once, the clean ones all finish together at the end and a kill at any point
+    # before it may find none done); at most ten at once, it needs about six full runs' time
     c.stop_all()
     c.start_all(BASELINE)
     out = tmp_path / "on-killed"
-    settings = StressSettings(c.router_url, out, SESSIONS, ROUNDS, seed=999, model=MODEL)
+    settings = StressSettings(c.router_url, out, SESSIONS, ROUNDS, concurrency=10, seed=999, model=MODEL)
 
     async def killed() -> None:
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(run_stress(settings), timeout=max(durations) / 3)
+            await asyncio.wait_for(run_stress(settings), timeout=1.5 * max(durations))
 
     asyncio.run(killed())
     summary = json.loads((out / "summary.json").read_text())
