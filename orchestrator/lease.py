@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from orchestrator.remote.base import Transport
+from orchestrator.remote.local import LocalTransport
 from orchestrator.schema import LeaseConf
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,8 @@ class Holder:
 
 
 def _local_start_time(pid: int) -> str:
-    import subprocess
-
-    result = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True)
-    return result.stdout.strip()
+    """A pid's start time on this machine, as every pid file records it (`Transport.start_time`)."""
+    return LocalTransport().start_time(pid)
 
 
 def is_stale(

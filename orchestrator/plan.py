@@ -220,24 +220,27 @@ def _launch_prefix(launch: RoleLaunch, python: str) -> list[str]:
     return [python, "-m", str(launch.module)]
 
 
+def _role_parts(job: JobConf, role: str) -> tuple[RoleMerge, dict[str, Any], list[str]]:
+    """A role's merged env/flags, its topology flags, and what keeps them from being planned."""
+    merged = merge_role(role, getattr(job.deployment.roles, role), job.factors)
+    topology = topology_flags(role, job.cluster.hosts, job.deployment.model_path)
+    problems = list(merged.problems)
+    clash = sorted(set(topology) & set(merged.flags))
+    if clash:
+        where = sorted({config_key(merged.origin[f"flag {f}"], role, "flags") for f in clash})
+        problems.append(f"{', '.join(where)}: {clash} are set from cluster.hosts; remove them")
+    return merged, topology, problems
+
+
 def arm_problems(job: JobConf) -> list[str]:
     """What keeps `job` from being planned: conflicting factor levels, flags that the cluster sets."""
-    problems = []
-    for role in ROLES:
-        launch: RoleLaunch = getattr(job.deployment.roles, role)
-        merged = merge_role(role, launch, job.factors)
-        problems += merged.problems
-        topology = topology_flags(role, job.cluster.hosts, job.deployment.model_path)
-        clash = sorted(set(topology) & set(merged.flags))
-        if clash:
-            where = sorted({config_key(merged.origin[f"flag {f}"], role, "flags") for f in clash})
-            problems.append(f"{', '.join(where)}: {clash} are set from cluster.hosts; remove them")
-    return problems
+    return [problem for role in ROLES for problem in _role_parts(job, role)[2]]
 
 
 def plan_arm(job: JobConf) -> ArmPlan:
     """The arm this job describes. Pure. The job must be valid (`config.load_job` checks it)."""
-    problems = arm_problems(job)
+    parts = {role: _role_parts(job, role) for role in ROLES}
+    problems = [problem for _, _, found in parts.values() for problem in found]
     if problems:
         raise ValueError("the job cannot be planned: " + "; ".join(problems))
     hosts, deployment = job.cluster.hosts, job.deployment
@@ -246,9 +249,8 @@ def plan_arm(job: JobConf) -> ArmPlan:
     for role in ROLES:
         launch: RoleLaunch = getattr(deployment.roles, role)
         host: HostConf = getattr(hosts, role)
-        merged = merge_role(role, launch, job.factors)
+        merged, topology, _ = parts[role]
         effective[role] = (merged.env, merged.flags)
-        topology = topology_flags(role, hosts, deployment.model_path)
         origin = {f"flag {name}": CLUSTER for name in topology} | merged.origin
         roles[role] = RolePlan(
             role=role,
