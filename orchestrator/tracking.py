@@ -608,13 +608,18 @@ def _bench_from_metrics(metrics: Mapping[str, float]) -> tuple[LevelSample, ...]
     return tuple(sorted(levels, key=lambda lv: lv.concurrency))
 
 
-def read_launch(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, dict[str, Any]] | None:
-    """A run's `launch/launch.json` (see launch_record), or None when it has none (runs logged before it)."""
+def read_json_artifact(client: MlflowClient, run_id: str, artifact: str, tmp: Path) -> Any | None:
+    """A run's JSON artifact, or None when it has none (e.g. runs logged before it existed)."""
     try:
-        path = client.download_artifacts(run_id, LAUNCH_ARTIFACT, str(tmp))
+        path = client.download_artifacts(run_id, artifact, str(tmp))
     except (MlflowException, OSError):
         return None
     return json.loads(Path(path).read_text())
+
+
+def read_launch(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, dict[str, Any]] | None:
+    """A run's `launch/launch.json` (see launch_record), or None when it has none (runs logged before it)."""
+    return read_json_artifact(client, run_id, LAUNCH_ARTIFACT, tmp)
 
 
 def _launch_config(client: MlflowClient, run: Any, tmp: Path) -> dict[str, dict[str, Any]]:
@@ -747,11 +752,8 @@ def sweep_runs(
 
 
 def _planned(client: MlflowClient, run_id: str, tmp: Path) -> set[tuple[str, int]] | None:
-    try:
-        path = client.download_artifacts(run_id, PLANNED_ARTIFACT, str(tmp))
-    except (MlflowException, OSError):
-        return None
-    return {(str(sig), int(rep)) for sig, rep in json.loads(Path(path).read_text())}
+    jobs = read_json_artifact(client, run_id, PLANNED_ARTIFACT, tmp)
+    return None if jobs is None else {(str(sig), int(rep)) for sig, rep in jobs}
 
 
 def load_study(
