@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import stats
+from orchestrator import sequential, stats
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
@@ -598,6 +598,20 @@ def analyse(
     between = between_runs(runs, spec)
     arms = pool_arms(runs, spec, between)
     hyps = hypotheses(arms, spec, conditions)
+    stopping = None
+    if (context or {}).get("design") == "sequential":
+        # looks taken along the way void the fixed-design p-values: the anytime-valid evidence decides
+        stopping = sequential.report_block(spec, runs, run_used)
+        for row in hyps:
+            decided = stopping["decisions"][row["id"]]
+            last = stopping["trace"][-1]["hypotheses"][row["id"]]["evidence"] if stopping["trace"] else {}
+            row["evidence"] = last
+            if decided["verdict"] != "inconclusive":
+                row["sessions_needed_per_arm"] = row["more_sessions"] = None
+                row["note"] = decided["reason"]
+            else:
+                row["note"] = f"{decided['reason']}; {row['note']}" if row["note"] else decided["reason"]
+            row["verdict"] = decided["verdict"]
     tput = throughput(runs, arms, spec, conditions)
     deploy = choose_deploy(arms, hyps, tput)
     # failed, interrupted, or with errored sessions (a server that died mid-workload): listed with why,
@@ -630,4 +644,5 @@ def analyse(
         "throughput": tput,
         "problem_runs": problems,
         "deploy": deploy,
+        "stopping": stopping,
     }

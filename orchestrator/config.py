@@ -318,6 +318,17 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
             problems.append(f"study.{key}: {value} must be between 0 and 1")
     if job.workload.sessions < 1 or job.workload.rounds < 1:
         problems.append("workload.sessions and workload.rounds must be >= 1")
+    stopping = job.study.stopping
+    if not 1 <= stopping.min_runs_per_arm <= stopping.max_runs_per_arm:
+        problems.append(
+            f"study.stopping: min_runs_per_arm={stopping.min_runs_per_arm} and max_runs_per_arm="
+            f"{stopping.max_runs_per_arm} must satisfy 1 <= min_runs_per_arm <= max_runs_per_arm"
+        )
+    if stopping.max_sessions is not None and stopping.max_sessions < job.workload.sessions:
+        problems.append(
+            f"study.stopping.max_sessions: {stopping.max_sessions} must be null or at least one run's "
+            f"sessions (workload.sessions={job.workload.sessions})"
+        )
     if any(int(c) < 1 for c in job.bench.concurrency):
         problems.append(f"bench.concurrency: {list(job.bench.concurrency)} must all be >= 1")
     return problems

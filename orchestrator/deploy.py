@@ -2,8 +2,8 @@
 
 Never restart decode alone against a running prefill: in PD the bootstrap state goes stale. So every
 arm stops everything (router, decode, prefill — including servers an earlier crashed run left behind,
-found through pid files in each host's work dir, never by process name), then starts prefill, decode
-and the router in that order, each gated on its health endpoint, then sends one request end to end.
+found through pid files in each host's work dir, never by process name), then starts prefill and
+decode together, gated on their health endpoints, then the router, then sends one request end to end.
 
 Hosts are reached only through the Transport interface, so the same code drives the local embedded
 default and an SSH cluster.
@@ -17,13 +17,13 @@ import shlex
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.plan import ArmPlan, RolePlan
 from orchestrator.redact import redact_text
 from orchestrator.remote.base import Transport
-from orchestrator.schema import ROLES
+from orchestrator.schema import ROLES, SERVER_ROLES
 
 log = logging.getLogger(__name__)
 
@@ -141,33 +141,50 @@ class Deployment:
                     )
 
     def start_role(self, role: str) -> None:
-        plan: RolePlan = self.plan.roles[role]
-        transport = self.transports[role]
-        paths = self.paths(role)
-        self.on_event(f"starting {role}")
-        t0 = time.monotonic()
-        pid = transport.start_detached(plan.argv, plan.env, paths.log, paths.pid)
-        self.started[role] = pid
-        self.started_at[role] = self.pid_file(role)[1]
-        self.wait_healthy(role, pid, plan.health_url, plan.startup_timeout_s)
-        self.startup_s[role] = time.monotonic() - t0
-        self.on_event(f"{role} healthy after {self.startup_s[role]:.1f}s")
+        self.start_together((role,))
 
-    def wait_healthy(self, role: str, pid: int, url: str, timeout_s: float, poll_s: float = 0.25) -> None:
-        transport = self.transports[role]
-        deadline = time.monotonic() + timeout_s
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            status, body = http_get(url, timeout=5.0)
-            if status == 200:
-                return
-            last = f"HTTP {status}: {body[:200]}" if status else body
-            if not transport.group_alive(pid):
-                raise DeployError(
-                    role, f"exited before becoming healthy ({url}: {last})", self.log_tail(role)
-                )
-            time.sleep(poll_s)
-        raise DeployError(role, f"not healthy within {timeout_s:.0f}s ({url}: {last})", self.log_tail(role))
+    def start_together(self, roles: Sequence[str]) -> None:
+        """Launch `roles` at once, then health-gate them together: each role's start-up time is its
+        own, and the wait is the slowest role's, not the sum (on a GPU host each load takes minutes)."""
+        launched: dict[str, float] = {}
+        for role in roles:
+            plan: RolePlan = self.plan.roles[role]
+            self.on_event(f"starting {role}")
+            launched[role] = time.monotonic()
+            paths, transport = self.paths(role), self.transports[role]
+            self.started[role] = transport.start_detached(plan.argv, plan.env, paths.log, paths.pid)
+            self.started_at[role] = self.pid_file(role)[1]
+        for role, seconds in self.wait_healthy(launched).items():
+            self.startup_s[role] = seconds
+            self.on_event(f"{role} healthy after {seconds:.1f}s")
+
+    def wait_healthy(self, launched: Mapping[str, float], poll_s: float = 0.25) -> dict[str, float]:
+        """Poll each launched role's health URL until it answers 200; returns seconds from launch to
+        healthy per role. DeployError for the first role that exits or passes its start-up timeout."""
+        pending = dict(launched)
+        healthy: dict[str, float] = {}
+        last = dict.fromkeys(pending, "no answer yet")
+        while pending:
+            for role, t0 in list(pending.items()):
+                plan = self.plan.roles[role]
+                status, body = http_get(plan.health_url, timeout=5.0)
+                if status == 200:
+                    healthy[role] = time.monotonic() - t0
+                    del pending[role]
+                    continue
+                last[role] = f"HTTP {status}: {body[:200]}" if status else body
+                if not self.transports[role].group_alive(self.started[role]):
+                    reason = f"exited before becoming healthy ({plan.health_url}: {last[role]})"
+                    raise DeployError(role, reason, self.log_tail(role))
+                if time.monotonic() - t0 > plan.startup_timeout_s:
+                    raise DeployError(
+                        role,
+                        f"not healthy within {plan.startup_timeout_s:.0f}s ({plan.health_url}: {last[role]})",
+                        self.log_tail(role),
+                    )
+            if pending:
+                time.sleep(poll_s)
+        return healthy
 
     def log_tail(self, role: str) -> str:
         text = self.transports[role].read_text_tail(self.paths(role).log, LOG_TAIL_BYTES)
@@ -230,11 +247,13 @@ class Deployment:
             )
 
     def co_restart(self) -> None:
-        """Stop all roles, then start prefill, decode, router, each health-gated; then warm up."""
+        """Stop all roles; start prefill and decode together (PD servers pair up per request through
+        the bootstrap server, not at start-up), health-gate both, then the router, which probes its
+        workers as it starts; then warm up."""
         self.stop_all()
         self.check_ports_free()
-        for role in START_ORDER:
-            self.start_role(role)
+        self.start_together(SERVER_ROLES)
+        self.start_role("router")
         if self.plan.warmup:
             self.warm_up()
 

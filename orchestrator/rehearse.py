@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import analysis
+from orchestrator import analysis, sequential
 from orchestrator.analysis import VERDICTS, RunRecord, StudySpec
 
 DEFAULT_STUDIES = 2000
 DEFAULT_SEED = 0
-OPTIONS = ("studies", "seed", "json", "restart_icc")
+OPTIONS = ("studies", "seed", "json", "restart_icc", "kill_rate")
 
 
 @dataclass(frozen=True)
@@ -156,13 +156,30 @@ def rehearse(
         raise ValueError(f"runs={runs}, sessions={sessions}, studies={studies} must all be >= 1")
     rows = truth(spec, arms)
     counts = draw_counts(arms, runs, sessions, studies, np.random.default_rng(seed))
+    reports = [analysis.analyse(spec, study_runs(arms, counts[s], sessions)) for s in range(studies)]
+    result = tally(spec, rows, reports, studies, seed)
+    result["design"] = {
+        "runs_per_arm": runs,
+        "sessions_per_run": sessions,
+        "arms": [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms],
+    }
+    return result
+
+
+def tally(
+    spec: StudySpec,
+    rows: Sequence[Mapping[str, Any]],
+    reports: Sequence[Mapping[str, Any]],
+    studies: int,
+    seed: int,
+) -> dict[str, Any]:
+    """The rehearsal's figures over the judged studies' reports (see the module doc)."""
     tally = {r["id"]: dict.fromkeys(VERDICTS, 0) for r in rows}
     wrong_n = dict.fromkeys(tally, 0)
     family_false = all_right = all_expected = 0
     sessions_total = 0
     icc_sum = 0.0
-    for s in range(studies):
-        report = analysis.analyse(spec, study_runs(arms, counts[s], sessions))
+    for report in reports:
         verdicts = {h["id"]: h["verdict"] for h in report["hypotheses"]}
         bad = {r["id"] for r in rows if wrong(verdicts[r["id"]], r, spec.ceiling)}
         for r in rows:
@@ -177,11 +194,6 @@ def rehearse(
         "study": spec.name,
         "studies": studies,
         "seed": seed,
-        "design": {
-            "runs_per_arm": runs,
-            "sessions_per_run": sessions,
-            "arms": [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms],
-        },
         "family_false_implication": family_false / studies,
         "all_right": all_right / studies,
         "all_expected": all_expected / studies,
@@ -196,6 +208,84 @@ def rehearse(
             for r in rows
         ],
     }
+
+
+def draw_run(arm: ArmTruth, sessions: int, rng: np.random.Generator) -> int:
+    """Corrupted sessions of one run (server start) of an arm: its rate drawn from Beta(rate, ICC)."""
+    return int(draw_counts([arm], 1, sessions, 1, rng)[0, 0, 0])
+
+
+def sequential_study(
+    spec: StudySpec, arms: Sequence[ArmTruth], sessions: int, rng: np.random.Generator, kill_rate: float = 0.0
+) -> list[RunRecord]:
+    """One rehearsed sequential study, round by round through `sequential.next_round` (what the sweeper
+    calls). With `kill_rate`, each run is killed part-way with that probability: a KILLED run whose
+    outcomes (mostly corrupted sessions: a corrupted session ends early) are never pooled."""
+    hyps = sequential.study_hypotheses(spec)
+    by_label = {a.label: a for a in arms}
+    runs: list[RunRecord] = []
+    while True:
+        _, nxt = sequential.next_round(
+            spec, hyps, sequential.arm_runs(runs, spec, analysis.run_used), analysis.BASELINE_LABEL, sessions
+        )
+        if not nxt.arms:
+            return runs
+        for label in nxt.arms:
+            arm = by_label[label]
+            k = draw_run(arm, sessions, rng)
+            killed = kill_rate > 0 and rng.random() < kill_rate
+            runs.append(
+                RunRecord(
+                    run_id=f"{label}-{nxt.round}",
+                    status="KILLED" if killed else "FINISHED",
+                    signature=f"rehearsal[{label}]",
+                    repetition=nxt.round,
+                    factors=dict(arm.levels),
+                    outcomes="partial" if killed else "complete",
+                    clean=0 if killed else sessions - k,
+                    corrupted=k,
+                    planned=sessions,
+                )
+            )
+
+
+def rehearse_sequential(
+    spec: StudySpec,
+    arms: Sequence[ArmTruth],
+    sessions: int,
+    studies: int,
+    seed: int,
+    kill_rate: float = 0.0,
+) -> dict[str, Any]:
+    """`rehearse` for `design: sequential`: each study runs in rounds until the evidence decides, and is
+    judged by `analysis.analyse` as a sequential study's report is."""
+    if sessions < 1 or studies < 1:
+        raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
+    rng = np.random.default_rng(seed)
+    rows = truth(spec, arms)
+    reports = []
+    for _ in range(studies):
+        runs = sequential_study(spec, arms, sessions, rng, kill_rate)
+        reports.append(analysis.analyse(spec, runs, context={"design": "sequential"}))
+    fixed = len(arms) * spec.stopping.max_runs_per_arm * sessions
+    result = tally(spec, rows, reports, studies, seed)
+    result["design"] = {
+        "design": "sequential",
+        "sessions_per_run": sessions,
+        "max_runs_per_arm": spec.stopping.max_runs_per_arm,
+        "min_runs_per_arm": spec.stopping.min_runs_per_arm,
+        "max_sessions": spec.stopping.max_sessions,
+        "futility": spec.stopping.futility,
+        "kill_rate": kill_rate,
+        "arms": [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms],
+    }
+    result["rounds_per_study"] = sum(r["stopping"]["rounds"] for r in reports) / studies
+    result["fixed_design_sessions"] = fixed
+    result["sessions_per_arm"] = {
+        a.label: sum(r["stopping"]["sessions_per_arm"].get(a.label, 0) for r in reports) / studies
+        for a in arms
+    }
+    return result
 
 
 # --- arm truths from a fault model (reads the composed config) ------------------------------------
@@ -288,7 +378,7 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from orchestrator.config import CONF_DIR, load_job
+    from orchestrator.config import CONF_DIR, load_job, sweep_design
     from orchestrator.plan import plan_arm
     from orchestrator.sim.faults import load_fault_model
 
@@ -313,14 +403,13 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
         icc = float(options["restart_icc"]) if "restart_icc" in options else None
         arms = arm_truths(spec, compose_arm, model, rounds, load, icc)
         runs = _repetitions(cfg, sweeps)
-    result = rehearse(
-        spec,
-        arms,
-        runs,
-        sessions,
-        int(options.get("studies", DEFAULT_STUDIES)),
-        int(options.get("seed", DEFAULT_SEED)),
-    )
+        design = sweep_design(cfg, adhoc=False)
+    studies, seed = int(options.get("studies", DEFAULT_STUDIES)), int(options.get("seed", DEFAULT_SEED))
+    if design == "sequential":
+        kill_rate = float(options.get("kill_rate", 0.0))
+        result = rehearse_sequential(spec, arms, sessions, studies, seed, kill_rate)
+    else:
+        result = rehearse(spec, arms, runs, sessions, studies, seed)
     result["fault_model"] = {"name": model.name, "source": model.source}
     result["workload"] = {"sessions": sessions, "rounds": rounds, "load": load}
     if "json" in options:
@@ -331,9 +420,14 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
 def render(result: Mapping[str, Any]) -> str:
     """A short table for the terminal."""
     design = result["design"]
+    runs = (
+        f"up to {design['max_runs_per_arm']} runs (sequential)"
+        if design.get("design") == "sequential"
+        else f"{design['runs_per_arm']} runs"
+    )
     lines = [
         f"{result['study']}: {result['studies']} rehearsed studies, {len(design['arms'])} arms x "
-        f"{design['runs_per_arm']} runs x {design['sessions_per_run']} sessions, fault model "
+        f"{runs} x {design['sessions_per_run']} sessions, fault model "
         f"{result.get('fault_model', {}).get('name', '?')}",
         "arms: "
         + ", ".join(f"{a['label']} {a['rate']:.1%} (ICC {a['restart_icc']:g})" for a in design["arms"]),
@@ -356,6 +450,12 @@ def render(result: Mapping[str, Any]) -> str:
         f"sessions per study: {result['sessions_per_study']:.0f}; "
         f"mean estimated ICC: {result['mean_icc_estimate']:.4f}",
     ]
+    if "rounds_per_study" in result:
+        lines.append(
+            f"rounds per study: {result['rounds_per_study']:.2f}; the fixed design of as many runs per arm: "
+            f"{result['fixed_design_sessions']} sessions; per arm: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in result["sessions_per_arm"].items())
+        )
     return "\n".join(lines)
 
 

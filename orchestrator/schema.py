@@ -182,6 +182,21 @@ class Hypothesis:
 
 
 @dataclass
+class StoppingConf:
+    """When a sequential study (`hydra.sweeper.design=sequential`) stops spending on undecided arms."""
+
+    # the fewest starts an arm gets before its hypotheses may be decided: one start cannot show the
+    # restart-to-restart variation, and the evidence assumes none until two do
+    min_runs_per_arm: int = 2
+    # the most server starts (rounds) an arm gets; then its undecided hypotheses are inconclusive
+    max_runs_per_arm: int = 6
+    # the most sessions the whole study spends (null: no cap beyond max_runs_per_arm)
+    max_sessions: int | None = None
+    # stop an arm early when no verdict can be reached within its budget (orchestrator/sequential.py)
+    futility: bool = True
+
+
+@dataclass
 class StudyConf:
     name: str = MISSING
     description: str = ""
@@ -200,6 +215,7 @@ class StudyConf:
     min_effect_relative: bool = True
     # ICC of sessions within one run assumed when the runs cannot estimate it (one run per arm)
     assumed_icc: float = 0.0
+    stopping: StoppingConf = field(default_factory=StoppingConf)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudyConf:
@@ -218,6 +234,14 @@ class StudyConf:
                 values[key] = float(values[key])
         if "min_effect_relative" in values:
             values["min_effect_relative"] = bool(values["min_effect_relative"])
+        stopping = data.get("stopping") or {}
+        cap = stopping.get("max_sessions")
+        values["stopping"] = StoppingConf(
+            min_runs_per_arm=int(stopping.get("min_runs_per_arm", StoppingConf.min_runs_per_arm)),
+            max_runs_per_arm=int(stopping.get("max_runs_per_arm", StoppingConf.max_runs_per_arm)),
+            max_sessions=None if cap is None else int(cap),
+            futility=bool(stopping.get("futility", True)),
+        )
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

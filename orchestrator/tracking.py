@@ -274,6 +274,30 @@ def record_planned(uri: str, run_id: str, jobs: list[tuple[str, int]]) -> None:
         make_client(uri).log_artifact(run_id, str(path), PLANNED_ARTIFACT.rsplit("/", 1)[0])
 
 
+def log_look(uri: str, run_id: str, look: Any) -> None:
+    """A sequential study's look on its parent run: per hypothesis and claim its log e-value, with the
+    round as the step, so the MLflow UI plots the evidence over rounds (`sequential.Look`)."""
+    from mlflow.entities import Metric
+
+    stamp = _now_ms()
+    metrics = [
+        Metric(f"evidence.{h}.{claim}", float(value), stamp, look.round)
+        for h, ev in look.evidence.items()
+        for claim, value in ev.as_dict().items()
+    ]
+    metrics += [
+        Metric("sequential.icc", float(look.icc), stamp, look.round),
+        Metric("sequential.sessions", float(look.sessions), stamp, look.round),
+        Metric(
+            "sequential.decided",
+            float(sum(d.verdict is not None for d in look.decisions.values())),
+            stamp,
+            look.round,
+        ),
+    ]
+    make_client(uri).log_batch(run_id, metrics=metrics)
+
+
 def end_study_run(
     uri: str, run_id: str, paths: list[Path], failure: str | None = None, headline: str | None = None
 ) -> None:

@@ -11,7 +11,7 @@ from hydra.errors import HydraException
 
 FACTOR_PREFIX = "factor/"
 JOB_SEP = "\x00"  # between a problem and the overrides of the job it was found in
-DESIGNS = ("factorial", "ofat")
+DESIGNS = ("factorial", "ofat", "sequential")
 
 
 def _value(assignment: str) -> str:
@@ -93,3 +93,24 @@ def collapse(problems: list[str], jobs: int) -> list[str]:
         else:
             lines.append(f"{message} (in {len(found)} of {jobs} jobs, e.g. [{found[0]}])")
     return sorted(lines)
+
+
+def job_levels(job: "list[str]") -> "dict[str, str]":
+    """The factor levels a job's overrides choose (`factor/<name>=<level>`)."""
+    return {_key(a)[len(FACTOR_PREFIX) :]: _value(a) for a in job if _key(a).startswith(FACTOR_PREFIX)}
+
+
+def round_jobs(
+    arms: "dict[str, list[str]]", labels: "list[str]", repetition: int, bench: "set[str]", bench_on: bool
+) -> "list[list[str]]":
+    """One sequential round: each arm's overrides at this repetition, the throughput sweep on the arms
+    chosen for it (and only those: `bench.repetitions=null` lets `bench.enabled` alone decide)."""
+    return [
+        [
+            *arms[label],
+            f"repetition={repetition}",
+            f"bench.enabled={str(bench_on and label in bench).lower()}",
+            "bench.repetitions=null",
+        ]
+        for label in labels
+    ]

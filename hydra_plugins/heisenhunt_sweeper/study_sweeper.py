@@ -5,6 +5,12 @@ hypothesis-elimination study needs: the baseline arm plus, for each swept `facto
 non-baseline level with every other factor at its baseline level (`study.baseline`); other swept keys
 (e.g. `repetition`) still multiply. 4 two-level factors give 5 arms instead of 16.
 
+`design: sequential` runs the ofat arms in rounds, the way Hydra's Ax and Optuna sweepers do: round r
+launches, through the configured launcher, one job per arm still needed at `repetition=r`; then the
+evidence is read back from the tracking store (the same runs the report reads, so a resumed study sees
+what it skipped) and `orchestrator.sequential.next_round` says which arms the next round needs, until
+every hypothesis is decided or `study.stopping` is spent. A swept `repetition` is ignored: rounds set it.
+
 Before the first job starts, every job's config is composed, typed and planned, and every distinct arm
 is checked by its hosts: bad input anywhere in the sweep stops it before any server is restarted.
 
@@ -31,9 +37,11 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     arm_overrides,
     batches,
     collapse,
+    job_levels,
     job_repetition,
     ofat_jobs,
     repetition_problems,
+    round_jobs,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +74,9 @@ class StudySweeper(BasicSweeper):
         self.study = None
         self.design_run = design
         self._planned: list[tuple[str, int]] = []
+        # sequential: arm label -> its overrides, and the round about to be launched
+        self._arms: dict[str, list[str]] | None = None
+        self._round: list[list[str]] = []
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.adhoc import study_overrides
@@ -82,13 +93,72 @@ class StudySweeper(BasicSweeper):
             log.info("no sweep given: running the default study sweep %s", dict(self.default_params))
             self.params, design = dict(self.default_params), self.default_design
         self.design_run = sweep_design(self.config, adhoc) if design == self.design else design
-        if design == "ofat":
+        if design in ("ofat", "sequential"):
             params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-            jobs = ofat_jobs(choices_of(parser.parse_overrides(params_conf)), self.study.baseline)
-            self._ofat_batches = batches([job + extra for job in jobs], self.max_batch_size)
+            choices = choices_of(parser.parse_overrides(params_conf))
+            if design == "sequential":
+                from orchestrator.plan import arm_label
+
+                choices.pop("repetition", None)  # the rounds number the repetitions
+                arms = ofat_jobs(choices, self.study.baseline)
+                self._arms = {arm_label(job_levels(job), self.study.baseline): job + extra for job in arms}
+            else:
+                jobs = ofat_jobs(choices, self.study.baseline)
+                self._ofat_batches = batches([job + extra for job in jobs], self.max_batch_size)
         if self.config.get("dry_run"):
             self.launcher = _DryRunLauncher()
         return super().sweep(list(arguments) + extra)
+
+    def is_done(self) -> bool:
+        if self._arms is None:
+            return BasicSweeper.is_done(self)
+        self._round = self._next_round()
+        return not self._round
+
+    def get_job_batch(self):
+        if self._arms is None:
+            return BasicSweeper.get_job_batch(self)
+        return self._round
+
+    def _next_round(self) -> "list[list[str]]":
+        """The next sequential round's jobs from the evidence so far (none: the study is over); logs
+        the round's evidence to the terminal and to the parent run (a metric per claim, step = round)."""
+        import os
+
+        from orchestrator import sequential
+        from orchestrator.analysis import run_used
+        from orchestrator.plan import BASELINE_LABEL
+        from orchestrator.tracking import PARENT_ENV, load_study, log_look
+
+        assert self.config is not None and self._arms is not None
+        uri, run_id = str(self.config.tracking.uri), os.environ.get(PARENT_ENV)
+        records = load_study(uri, self.study.name)[2] if run_id and self._planned else []
+        hyps = sequential.study_hypotheses(self.study)
+        looks, nxt = sequential.next_round(
+            self.study,
+            hyps,
+            sequential.arm_runs(records, self.study, run_used),
+            BASELINE_LABEL,
+            int(self.config.workload.sessions),
+        )
+        if looks:
+            log.info(
+                "%s", sequential.describe(looks[-1], sequential.Thresholds.of(self.study.alpha, len(hyps)))
+            )
+            if run_id:
+                log_look(uri, run_id, looks[-1])
+        if not nxt.arms:
+            log.info("sequential study done after %d round(s): %s", len(looks), nxt.stop_reason)
+            return []
+        missing = [label for label in nxt.arms if label not in self._arms]
+        if missing:
+            raise HydraException(
+                f"design=sequential needs the arms {missing}, which the sweep does not cover; sweep "
+                f"every hypothesis' factor (hydra.sweeper.params) over its baseline and treatment levels"
+            )
+        log.info("round %d: %s", nxt.round, ", ".join(nxt.arms))
+        bench_on = bool(self.config.bench.get("enabled", True))
+        return round_jobs(self._arms, nxt.arms, nxt.round, nxt.bench, bench_on)
 
     def split_arguments(self, overrides, max_batch_size):  # type: ignore[override]
         if self._ofat_batches is not None:

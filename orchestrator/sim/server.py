@@ -177,11 +177,7 @@ class SimServer:
         log.info("Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=22.10 GB")
         log.info("KV Cache is allocated. #tokens: 1000000")
         if captured:
-            sizes = [
-                b
-                for b in CUDA_GRAPH_SIZES
-                if b <= self.args.cuda_graph_max_bs
-            ]
+            sizes = [b for b in CUDA_GRAPH_SIZES if b <= self.args.cuda_graph_max_bs]
             log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=21.90 GB")
             t0 = time.monotonic()
             await self.decode.capture(sizes, startup * 0.5)

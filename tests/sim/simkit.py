@@ -143,8 +143,10 @@ class Cluster:
         return proc
 
     def start_all(self, arm: Arm = BASELINE, router_extra: Sequence[str] = ()) -> None:
-        self.start_prefill(arm)
-        self.start_decode(arm)
+        # prefill and decode boot side by side, as the orchestrator's co-restart starts them
+        servers = [self.start_prefill(arm, wait=False), self.start_decode(arm, wait=False)]
+        for proc in servers:
+            self.wait_healthy(proc)
         self.start_router(router_extra)
 
     def stop(self, role: str) -> None:

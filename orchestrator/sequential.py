@@ -1,0 +1,534 @@
+"""Sequential studies (pure): anytime-valid evidence per hypothesis, when to stop, what the next round runs.
+
+A sequential study runs in rounds. Round r starts one more server (repetition r) of every arm whose
+hypotheses are still undecided; after each round the evidence is recomputed from every pooled run so
+far, and an arm stops as soon as its hypotheses are decided or the budget (`study.stopping`) is spent.
+
+Method: e-values, one per claim, from universal inference (Wasserman, Ramdas & Balakrishnan, PNAS 2020)
+on the runs themselves. Why this one:
+- **Runs are the blocks.** Each run's count of corrupted sessions is beta-binomial: its rate is the
+  arm's mean drawn afresh at each server start, with the study's intra-class correlation rho (the same
+  model as `stats`: one rho per study, never below `assumed_icc`). The likelihood of an arm is the
+  product over its runs, so restart-to-restart variation is part of the evidence, not averaged away.
+- **Anytime valid.** For a claim whose null is a set H0 of (baseline mean, treatment mean), the e-value
+  is E = mixture likelihood / sup over H0 of the likelihood. The numerator, a fixed prior mixture over
+  the alternative, divided by the likelihood at any one null point is a non-negative martingale over
+  runs with mean 1; the sup in the denominator only makes E smaller. By Ville's inequality
+  P(E ever reaches 1/a) <= a under H0, however many looks are taken and whatever the stopping rule,
+  so stopping early, resuming, or extending the budget later keeps the guarantee: the e-value is a
+  function of all the runs, recomputed at every look.
+- **Exact nulls, no asymptotics.** The log-likelihood of a beta-binomial run is concave in its mean at
+  fixed rho, so the sup over each (convex) null is at the unconstrained maximum or on the null's
+  boundary, a one-dimensional search on a fine grid.
+
+Claims, per hypothesis (baseline mean b, treatment mean t, ceiling c, margin d):
+- `reduction`: H0 t >= b. `increase`: H0 t <= b.
+- `equivalence`: H0 t >= (1 + d) b or t <= (1 - d) b (relative margin, the default; `min_effect`
+  absolute: t >= b + d or t <= b - d); intersection-union, E = the smaller of the two one-sided e-values.
+- `under`: H0 t >= c (corruption gone: under the ceiling). `over`: H0 t <= c (corruption remains).
+
+Error control. The comparison claims (reduction, increase, equivalence) of the H hypotheses are tested at
+alpha / H each (Bonferroni on e-values: E >= H / alpha), so the family-wise error of the verdicts that
+rest on a comparison is at most alpha. The ceiling claims are per-arm bounds at level alpha, as the fixed
+design's 95% upper bound is (E >= 1 / alpha).
+
+Verdicts, at each look, for a hypothesis not yet decided:
+- implicated: reduction and under; partial: reduction and over (corruption remains above the ceiling);
+- exonerated: equivalence; inconclusive: increase (the change made it worse);
+- when the treatment arm's budget is spent: partial if the reduction is shown (the ceiling undecided),
+  else inconclusive;
+- futility (`stopping.futility`, on by default): an arm stops as soon as no verdict can be reached
+  within its budget at twice the pace its evidence has grown so far (then as when the budget is
+  spent). Stopping early for futility can only make a study say less, never raise its error;
+- nothing is decided before `stopping.min_runs_per_arm` rounds (default 2): with one start per arm the
+  restart-to-restart variation cannot be estimated, and the evidence would take it for none.
+
+rho is the study's plug-in estimate at each look (`analysis.between_runs`), as in the fixed design: the
+guarantee is exact for a known rho and approximate with an estimated one; `python -m orchestrator.rehearse
+... hydra.sweeper.design=sequential` measures the family-wise error with rho estimated as it is here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import betaln
+
+from orchestrator.plan import BASELINE_LABEL, arm_label
+from orchestrator.stats import dispersion
+
+CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
+# futility: a claim is out of reach when twice its pace so far would not carry it over its threshold
+FUTILITY_OPTIMISM = 2.0
+# the mixture prior: log-uniform over rates (a heisenbug's rate is as likely 0.1% as 10%)
+MIX_GRID = np.unique(np.concatenate([np.geomspace(1e-4, 0.5, 64), np.linspace(0.55, 0.99, 10)]))
+# the null sups: fine enough that the grid maximum is the true one to well under 0.01 in log
+# (1.6% apart in log rate below 0.3: the sup it misses is under 1e-4 k in log, k corrupted sessions)
+FINE_GRID = np.unique(np.concatenate([np.geomspace(1e-6, 0.3, 800), np.linspace(0.3, 1 - 1e-6, 300)]))
+# the ICC is rounded up to this step, so the likelihoods of repeated run counts are computed once
+ICC_STEP = 1e-3
+
+# the prior of "under" and "reduction" puts half its weight on the treatment's rate being ~0 (the
+# alternative that matters most: the change removed the bug), the other half spread as above
+GONE = 1e-6
+GRIDS = {"mix": MIX_GRID, "fine": FINE_GRID}
+Runs = Sequence[Sequence[int]]  # [[corrupted, sessions], ...] per run
+
+
+def round_icc(icc: float) -> float:
+    """The ICC the likelihoods use: rounded up to ICC_STEP (more between-run variation: weaker evidence)."""
+    return math.ceil(icc / ICC_STEP - 1e-9) * ICC_STEP if icc > 0 else 0.0
+
+
+def _run_loglik(k: int, n: int, p: np.ndarray, icc: float) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    if icc <= 0:
+        return k * np.log(p) + (n - k) * np.log1p(-p)
+    s = 1 / icc - 1
+    a, b = p * s, (1 - p) * s
+    return betaln(k + a, n - k + b) - betaln(a, b)
+
+
+@functools.lru_cache(maxsize=65536)
+def _grid_loglik(k: int, n: int, grid: str, icc: float) -> np.ndarray:
+    return _run_loglik(k, n, GRIDS[grid], icc)
+
+
+def run_loglik(runs: Runs, p: np.ndarray | str, icc: float) -> np.ndarray:
+    """Log-likelihood of an arm's runs at each mean rate in `p` (an array, or the name of a grid):
+    beta-binomial with ICC `icc` per run (binomial at 0), without the binomial coefficients (they
+    cancel in every ratio here)."""
+    icc = round_icc(icc)
+    if isinstance(p, str):
+        total = np.zeros(len(GRIDS[p]))
+        for k, n in runs:
+            total = total + _grid_loglik(int(k), int(n), p, icc)
+        return total
+    p = np.asarray(p, dtype=float)
+    total = np.zeros_like(p)
+    for k, n in runs:
+        total = total + _run_loglik(int(k), int(n), p, icc)
+    return total
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Log e-values of one hypothesis' claims (0: no evidence; log(H / alpha) decides a comparison)."""
+
+    reduction: float = 0.0
+    increase: float = 0.0
+    equivalence: float = 0.0
+    under: float = 0.0
+    over: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {c: round(float(getattr(self, c)), 4) for c in CLAIMS}
+
+
+def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -> float:
+    """Log of the prior mixture of likelihoods exp(values): uniform over the masked grid points, or,
+    with `gone` (the likelihoods with the treatment's rate at ~0, where the mask allows it), half the
+    prior on "the change removed it" and half uniform."""
+    chosen = values[mask]
+    if not chosen.size:
+        return -math.inf
+    top = float(chosen.max())
+    spread = float(np.exp(chosen - top).sum()) / chosen.size
+    if gone is None or not gone.size:
+        return top + math.log(spread)
+    top = max(top, float(gone.max()))
+    spread = float(np.exp(chosen - top).sum()) / chosen.size
+    return top + math.log(0.5 * spread + 0.5 * float(np.exp(gone - top).sum()) / gone.size)
+
+
+def _boundary_sup(l_base: np.ndarray, treat_runs: Runs, icc: float, shift) -> float:
+    """max over b of l_base(b) + l_treat(shift(b)): the sup on a null's boundary t = shift(b)."""
+    t = shift(FINE_GRID)
+    inside = (t > 0) & (t < 1)
+    return float(np.max(l_base[inside] + run_loglik(treat_runs, t[inside], icc)))
+
+
+def evidence(
+    base_runs: Runs,
+    treat_runs: Runs,
+    icc: float,
+    ceiling: float,
+    margin: float,
+    relative: bool = True,
+) -> Evidence:
+    """The log e-values of every claim (module doc) from the two arms' per-run counts."""
+    key = (tuple(map(tuple, base_runs)), tuple(map(tuple, treat_runs)), round_icc(icc))
+    return _evidence(*key, float(ceiling), float(margin), bool(relative))
+
+
+@functools.lru_cache(maxsize=16384)
+def _evidence(
+    base_runs: tuple, treat_runs: tuple, icc: float, ceiling: float, margin: float, relative: bool
+) -> Evidence:
+    if not treat_runs:
+        return Evidence()
+    lt_f = run_loglik(treat_runs, "fine", icc)
+    t_max, t_hat = float(lt_f.max()), float(FINE_GRID[lt_f.argmax()])
+    lt_m = run_loglik(treat_runs, "mix", icc)
+    lt_c = float(run_loglik(treat_runs, np.array([ceiling]), icc)[0])
+    lt_0 = run_loglik(treat_runs, np.array([GONE]), icc)
+    under = _mix(lt_m, ceiling > MIX_GRID, lt_0) - (t_max if t_hat >= ceiling else lt_c)
+    over = _mix(lt_m, ceiling < MIX_GRID) - (t_max if t_hat <= ceiling else lt_c)
+    if not base_runs:
+        return Evidence(under=max(under, 0.0), over=max(over, 0.0))
+    lb_f = run_loglik(base_runs, "fine", icc)
+    b_max, b_hat = float(lb_f.max()), float(FINE_GRID[lb_f.argmax()])
+    lb_m = run_loglik(base_runs, "mix", icc)
+    pair = lb_m[:, None] + lt_m[None, :]  # [baseline, treatment]
+    b_grid, t_grid = MIX_GRID[:, None], MIX_GRID[None, :]
+    equal = float(np.max(lb_f + lt_f))  # the sup on t = b
+    free = b_max + t_max
+    gone = lb_m + float(lt_0[0])  # over the baseline grid, the treatment at ~0
+    reduction = _mix(pair, np.broadcast_to(t_grid < b_grid, pair.shape), gone) - (
+        free if t_hat >= b_hat else equal
+    )
+    increase = _mix(pair, np.broadcast_to(t_grid > b_grid, pair.shape)) - (free if t_hat <= b_hat else equal)
+    if relative:
+        hi, lo = (lambda b: (1 + margin) * b), (lambda b: (1 - margin) * b)
+        within = (t_grid < (1 + margin) * b_grid) & (t_grid > (1 - margin) * b_grid)
+    else:
+        hi, lo = (lambda b: b + margin), (lambda b: b - margin)
+        within = (t_grid < b_grid + margin) & (t_grid > b_grid - margin)
+    near = _mix(pair, np.broadcast_to(within, pair.shape))
+    above = free if t_hat >= hi(b_hat) else _boundary_sup(lb_f, treat_runs, icc, hi)
+    below = free if t_hat <= lo(b_hat) else _boundary_sup(lb_f, treat_runs, icc, lo)
+    equivalence = min(near - above, near - below) if margin > 0 else -math.inf
+    # an e-value below 1 is no evidence either way; kept at 0 so traces read as "evidence so far"
+    return Evidence(*(max(0.0, x) for x in (reduction, increase, equivalence, under, over)))
+
+
+# --- decisions --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """log(H / alpha) for the comparisons, log(1 / alpha) for the per-arm ceiling bounds."""
+
+    comparison: float
+    ceiling: float
+
+    @classmethod
+    def of(cls, alpha: float, family_size: int) -> Thresholds:
+        return cls(math.log(max(1, family_size) / alpha), math.log(1 / alpha))
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str | None  # None: undecided, keep running
+    reason: str
+    # whether the baseline is still needed by this hypothesis (its comparison is undecided)
+    needs_baseline: bool = False
+
+
+def reachable(ev: Evidence, th: Thresholds, rounds_done: int, max_runs: int) -> bool:
+    """Whether some verdict's claims could still reach their thresholds within the budget, projecting
+    each log e-value's growth so far forward at FUTILITY_OPTIMISM times its pace (a log e-value grows
+    about linearly with the runs when its alternative holds)."""
+    scale = FUTILITY_OPTIMISM * max_runs / max(1, rounds_done)
+    p = {c: getattr(ev, c) * scale for c in CLAIMS}
+    ceiling_settles = p["under"] >= th.ceiling or p["over"] >= th.ceiling
+    return bool(
+        (p["reduction"] >= th.comparison and ceiling_settles)
+        or p["equivalence"] >= th.comparison
+        or p["increase"] >= th.comparison
+    )
+
+
+def decide(
+    ev: Evidence,
+    th: Thresholds,
+    budget_spent: bool,
+    has_data: bool = True,
+    futile: bool = False,
+) -> Decision:
+    """The verdict the evidence supports now (module doc), or None to go on. `futile`: no verdict can
+    be reached within the budget (`reachable`), so the budget counts as spent."""
+    reduced = ev.reduction >= th.comparison
+    if reduced and ev.under >= th.ceiling:
+        return Decision("implicated", "reduction shown and the treatment's rate is under the ceiling")
+    if reduced and ev.over >= th.ceiling:
+        return Decision("partial", "reduction shown, but the treatment's rate is above the ceiling")
+    if ev.equivalence >= th.comparison:
+        return Decision("exonerated", "the rates are equal within the margin")
+    if ev.increase >= th.comparison:
+        return Decision("inconclusive", "the change raised the rate")
+    if budget_spent or futile:
+        out_of = "the budget ran out" if budget_spent else "the budget cannot settle it (futility)"
+        if reduced:
+            return Decision("partial", f"reduction shown; {out_of} before the ceiling was settled")
+        why = f"{out_of} before the evidence decided" if has_data else "no runs with an outcome"
+        return Decision("inconclusive", why)
+    comparison_open = not reduced
+    return Decision(None, "undecided", needs_baseline=comparison_open)
+
+
+# --- rounds -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArmRuns:
+    """One arm's pooled runs so far, by repetition (round), and the repetitions it has started."""
+
+    label: str
+    counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # repetition -> (corrupted, n)
+    started: frozenset[int] = frozenset()  # every repetition with a run, pooled or not
+    benched: bool = False
+
+    def upto(self, round_index: int) -> list[tuple[int, int]]:
+        return [c for r, c in sorted(self.counts.items()) if r <= round_index]
+
+
+@dataclass(frozen=True)
+class Look:
+    """The study after one round: per hypothesis its evidence and decision."""
+
+    round: int
+    icc: float
+    evidence: dict[str, Evidence]
+    decisions: dict[str, Decision]
+    arms_run: tuple[str, ...]
+    sessions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "icc": self.icc,
+            "arms_run": list(self.arms_run),
+            "sessions": self.sessions,
+            "hypotheses": {
+                h: {"evidence": self.evidence[h].as_dict(), "verdict": d.verdict, "reason": d.reason}
+                for h, d in self.decisions.items()
+            },
+        }
+
+
+@dataclass(frozen=True)
+class HypothesisArms:
+    """A hypothesis as the sequential design sees it: its id and its two arms' labels."""
+
+    id: str
+    baseline: str
+    treatment: str
+
+
+def look(
+    hyps: Sequence[HypothesisArms],
+    arms: Mapping[str, ArmRuns],
+    round_index: int,
+    icc: float,
+    th: Thresholds,
+    settings: Any,
+    decided: Mapping[str, Decision] | None = None,
+) -> Look:
+    """Judge every hypothesis on the runs of rounds <= round_index. `decided`: decisions of earlier
+    looks (a decided hypothesis keeps its verdict). `settings`: the study (its ceiling, min_effect,
+    min_effect_relative and stopping.max_runs_per_arm)."""
+    decided = dict(decided or {})
+    evidences, decisions = {}, {}
+    max_runs = int(settings.stopping.max_runs_per_arm)
+    early = round_index + 1 < int(settings.stopping.min_runs_per_arm)
+    for h in hyps:
+        base = arms.get(h.baseline, ArmRuns(h.baseline)).upto(round_index)
+        treat = arms.get(h.treatment, ArmRuns(h.treatment)).upto(round_index)
+        ev = evidence(
+            base, treat, icc, settings.ceiling, settings.min_effect, bool(settings.min_effect_relative)
+        )
+        evidences[h.id] = ev
+        if h.id in decided and decided[h.id].verdict is not None:
+            decisions[h.id] = decided[h.id]
+            continue
+        if early:
+            decisions[h.id] = Decision(None, "fewer runs than study.stopping.min_runs_per_arm", True)
+            continue
+        spent = round_index + 1 >= max_runs
+        futile = bool(settings.stopping.futility) and not reachable(ev, th, round_index + 1, max_runs)
+        decisions[h.id] = decide(ev, th, spent, bool(treat) and bool(base), futile)
+    run_here = tuple(sorted(a.label for a in arms.values() if round_index in a.counts))
+    sessions = sum(n for a in arms.values() for r, (_, n) in a.counts.items() if r == round_index)
+    return Look(round_index, icc, evidences, decisions, run_here, sessions)
+
+
+def arms_to_run(hyps: Sequence[HypothesisArms], latest: Look | None, baseline: str) -> list[str]:
+    """The arms the next round starts: every undecided hypothesis' treatment, and the baseline while a
+    comparison is open (before the first look: every arm)."""
+    if latest is None:
+        return [baseline, *sorted({h.treatment for h in hyps} - {baseline})]
+    wanted: set[str] = set()
+    for h in hyps:
+        d = latest.decisions[h.id]
+        if d.verdict is None:
+            wanted.add(h.treatment)
+            if d.needs_baseline:
+                wanted.add(h.baseline)
+    return sorted(wanted, key=lambda label: (label != baseline, label))
+
+
+def bench_arms(
+    hyps: Sequence[HypothesisArms], latest: Look | None, arms: Mapping[str, ArmRuns], baseline: str
+) -> set[str]:
+    """Which arms of the next round carry the throughput sweep: each candidate fix (its reduction
+    evidence already favours it) once, and the baseline in the same round as the first candidate, so the
+    ratio compares sweeps run side by side. None before the first look: nothing is a candidate yet."""
+    if latest is None:
+        return set()
+    candidates = {
+        h.treatment
+        for h in hyps
+        if latest.evidence[h.id].reduction > 0 and not arms.get(h.treatment, ArmRuns(h.treatment)).benched
+    }
+    if candidates and not arms.get(baseline, ArmRuns(baseline)).benched:
+        candidates.add(baseline)
+    return candidates
+
+
+def icc_at(arms: Mapping[str, ArmRuns], round_index: int, assumed: float) -> float:
+    """The study's ICC from the runs of rounds <= round_index (as `analysis.between_runs` estimates it
+    for a whole study), never below `assumed`."""
+    found = dispersion([a.upto(round_index) for a in arms.values()])
+    return max(found.icc, assumed) if found.estimated else assumed
+
+
+def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]) -> list[Look]:
+    """Every look of the study so far, one per round with a run, recomputed from the runs alone (so a
+    resumed or extended study has the same trace as one never interrupted)."""
+    rounds = sorted({r for a in arms.values() for r in a.started})
+    th = Thresholds.of(spec.alpha, len(hyps))
+    looks: list[Look] = []
+    decided: dict[str, Decision] = {}
+    for r in rounds:
+        icc = icc_at(arms, r, float(spec.assumed_icc))
+        current = look(hyps, arms, r, icc, th, spec, decided)
+        decided = {h: d for h, d in current.decisions.items() if d.verdict is not None}
+        looks.append(current)
+    return looks
+
+
+@dataclass(frozen=True)
+class NextRound:
+    """What the sweeper does next: `arms` to start at repetition `round` (empty: the study is over),
+    which of them carry the throughput sweep, and why it stops."""
+
+    round: int
+    arms: list[str]
+    bench: set[str]
+    stop_reason: str = ""
+
+
+def next_round(
+    spec: Any,
+    hyps: Sequence[HypothesisArms],
+    arms: Mapping[str, ArmRuns],
+    baseline: str,
+    sessions_per_run: int,
+) -> tuple[list[Look], NextRound]:
+    """The trace so far and the next round (pure: the sweeper and the rehearsal both call it)."""
+    looks = trace(spec, hyps, arms)
+    latest = looks[-1] if looks else None
+    r = (latest.round + 1) if latest else 0
+    stopping = spec.stopping
+    wanted = arms_to_run(hyps, latest, baseline)
+    if not wanted:
+        return looks, NextRound(r, [], set(), "every hypothesis is decided")
+    if r >= int(stopping.max_runs_per_arm):
+        return looks, NextRound(r, [], set(), f"budget spent: {stopping.max_runs_per_arm} runs per arm")
+    spent = sum(n for a in arms.values() for _, n in a.counts.values())
+    cap = stopping.max_sessions
+    if cap is not None and spent + len(wanted) * sessions_per_run > int(cap):
+        return looks, NextRound(r, [], set(), f"budget spent: {spent} of {cap} sessions per study")
+    bench = bench_arms(hyps, latest, arms, baseline) & set(wanted)
+    return looks, NextRound(r, wanted, bench)
+
+
+# --- from a study's runs ------------------------------------------------------------------------------
+
+
+def study_hypotheses(spec: Any) -> list[HypothesisArms]:
+    """Each hypothesis' two arms, by the labels `plan.arm_label` gives them."""
+    out = []
+    for h in spec.hypotheses:
+        treatment = arm_label({**spec.baseline, h.factor: h.treatment}, spec.baseline)
+        out.append(HypothesisArms(h.id, BASELINE_LABEL, treatment))
+    return out
+
+
+def arm_runs(records: Sequence[Any], spec: Any, used: Callable[[Any], bool]) -> dict[str, ArmRuns]:
+    """Per arm label, the pooled runs' counts by repetition, every repetition started, and whether any
+    run carried a throughput sweep (records: `analysis.RunRecord`; `used`: `analysis.run_used`, which
+    runs are pooled)."""
+    grouped: dict[str, list[Any]] = {}
+    for r in records:
+        grouped.setdefault(arm_label(r.factors, spec.baseline), []).append(r)
+    out = {}
+    for label, runs in grouped.items():
+        counts = {r.repetition: (r.corrupted, r.corrupted + r.clean) for r in runs if used(r)}
+        out[label] = ArmRuns(
+            label,
+            counts,
+            frozenset(r.repetition for r in runs),
+            any(r.bench for r in runs if r.status == "FINISHED"),
+        )
+    return out
+
+
+def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
+    """report.json's `stopping` block: the trace (per round: arms run, ICC, per hypothesis its
+    evidence against the thresholds and its decision), the final decisions, sessions spent per arm,
+    and what a fixed design running every arm for as many rounds would have spent."""
+    hyps = study_hypotheses(spec)
+    arms = arm_runs(records, spec, used)
+    th = Thresholds.of(spec.alpha, len(hyps))
+    looks = trace(spec, hyps, arms)
+    final = looks[-1].decisions if looks else {}
+    spent = {label: sum(n for _, n in a.counts.values()) for label, a in sorted(arms.items())}
+    rounds = len(looks)
+    sizes = [n for a in arms.values() for _, n in a.counts.values()]
+    run_size = round(sum(sizes) / len(sizes)) if sizes else 0
+    decisions = {}
+    for h in hyps:
+        d = final.get(h.id)
+        if d is None or d.verdict is None:
+            decisions[h.id] = {
+                "verdict": "inconclusive",
+                "reason": "undecided when the study stopped" + (f" ({d.reason})" if d else ""),
+            }
+        else:
+            decisions[h.id] = {"verdict": d.verdict, "reason": d.reason}
+    return {
+        "method": "e-values by universal inference on beta-binomial runs (orchestrator/sequential.py)",
+        "thresholds": {"comparison": th.comparison, "ceiling": th.ceiling},
+        "max_runs_per_arm": spec.stopping.max_runs_per_arm,
+        "max_sessions": spec.stopping.max_sessions,
+        "rounds": rounds,
+        "trace": [look_.to_dict() for look_ in looks],
+        "decisions": decisions,
+        "sessions_per_arm": spent,
+        "sessions": sum(spent.values()),
+        "fixed_design_sessions": len(arms) * rounds * run_size,
+        "benched": sorted(label for label, a in arms.items() if a.benched),
+    }
+
+
+def describe(current: Look, th: Thresholds) -> str:
+    """One line per hypothesis for the terminal: its evidence against the thresholds, its decision."""
+    lines = [
+        f"round {current.round} evidence (ICC {current.icc:.3f}; e-values as log, comparison needs "
+        f"{th.comparison:.2f}, ceiling {th.ceiling:.2f}):"
+    ]
+    for h, d in current.decisions.items():
+        ev = current.evidence[h]
+        state = d.verdict or "undecided"
+        lines.append(
+            f"  {h}: reduction {ev.reduction:.2f}, equal {ev.equivalence:.2f}, under {ev.under:.2f}, "
+            f"over {ev.over:.2f} -> {state}"
+        )
+    return "\n".join(lines)
