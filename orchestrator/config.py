@@ -188,9 +188,14 @@ def sweep_study(config: DictConfig, arguments: Sequence[str] | None = None) -> t
 
 
 def sweep_design(config: DictConfig, adhoc: bool) -> str:
-    """The design the sweeper runs: the study's, a command-line sweep's, or the default sweep's."""
+    """The design the sweeper runs: the study's, a command-line sweep's, or the default sweep's (only
+    when neither the study nor the command line sweeps anything)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     sweeper = config.hydra.get("sweeper") or {}
-    if sweeper.get("params") or adhoc:
+    task = list(OmegaConf.select(config, "hydra.overrides.task") or [])
+    cli_sweeps = any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(task))
+    if sweeper.get("params") or adhoc or cli_sweeps:
         return str(sweeper.get("design") or "factorial")
     return str(sweeper.get("default_design") or "?")
 

@@ -86,26 +86,41 @@ def round_icc(icc: float) -> float:
 
 
 def _run_loglik(k: int, n: int, p: np.ndarray, icc: float) -> np.ndarray:
+    outside = (p <= 0) | (p >= 1)
     p = np.clip(p, 1e-12, 1 - 1e-12)
     if icc <= 0:
-        return k * np.log(p) + (n - k) * np.log1p(-p)
-    s = 1 / icc - 1
-    a, b = p * s, (1 - p) * s
-    return betaln(k + a, n - k + b) - betaln(a, b)
+        out = k * np.log(p) + (n - k) * np.log1p(-p)
+    else:
+        s = 1 / icc - 1
+        a, b = p * s, (1 - p) * s
+        out = betaln(k + a, n - k + b) - betaln(a, b)
+    return np.where(outside, -np.inf, out)
+
+
+# a grid: its name, or (name, scale, shift) for name * scale + shift
+GridKey = str | tuple[str, float, float]
+
+
+@functools.lru_cache(maxsize=64)
+def grid(key: GridKey) -> np.ndarray:
+    if isinstance(key, str):
+        return GRIDS[key]
+    name, scale, shift = key
+    return GRIDS[name] * scale + shift
 
 
 @functools.lru_cache(maxsize=65536)
-def _grid_loglik(k: int, n: int, grid: str, icc: float) -> np.ndarray:
-    return _run_loglik(k, n, GRIDS[grid], icc)
+def _grid_loglik(k: int, n: int, key: GridKey, icc: float) -> np.ndarray:
+    return _run_loglik(k, n, grid(key), icc)
 
 
-def run_loglik(runs: Runs, p: np.ndarray | str, icc: float) -> np.ndarray:
-    """Log-likelihood of an arm's runs at each mean rate in `p` (an array, or the name of a grid):
-    beta-binomial with ICC `icc` per run (binomial at 0), without the binomial coefficients (they
-    cancel in every ratio here)."""
+def run_loglik(runs: Runs, p: np.ndarray | GridKey, icc: float) -> np.ndarray:
+    """Log-likelihood of an arm's runs at each mean rate in `p` (an array, or a grid's key): beta-binomial
+    with ICC `icc` per run (binomial at 0), without the binomial coefficients (they cancel in every
+    ratio here). Rates outside (0, 1) get -inf."""
     icc = round_icc(icc)
-    if isinstance(p, str):
-        total = np.zeros(len(GRIDS[p]))
+    if isinstance(p, (str, tuple)):
+        total = np.zeros(len(grid(p)))
         for k, n in runs:
             total = total + _grid_loglik(int(k), int(n), p, icc)
         return total
@@ -146,11 +161,9 @@ def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -
     return top + math.log(0.5 * spread + 0.5 * float(np.exp(gone - top).sum()) / gone.size)
 
 
-def _boundary_sup(l_base: np.ndarray, treat_runs: Runs, icc: float, shift) -> float:
-    """max over b of l_base(b) + l_treat(shift(b)): the sup on a null's boundary t = shift(b)."""
-    t = shift(FINE_GRID)
-    inside = (t > 0) & (t < 1)
-    return float(np.max(l_base[inside] + run_loglik(treat_runs, t[inside], icc)))
+def _boundary_sup(l_base: np.ndarray, treat_runs: Runs, icc: float, scale: float, shift: float) -> float:
+    """max over b of l_base(b) + l_treat(b * scale + shift): the sup on a null's boundary."""
+    return float(np.max(l_base + run_loglik(treat_runs, ("fine", scale, shift), icc)))
 
 
 def evidence(
@@ -193,15 +206,12 @@ def _evidence(
         free if t_hat >= b_hat else equal
     )
     increase = _mix(pair, np.broadcast_to(t_grid > b_grid, pair.shape)) - (free if t_hat <= b_hat else equal)
-    if relative:
-        hi, lo = (lambda b: (1 + margin) * b), (lambda b: (1 - margin) * b)
-        within = (t_grid < (1 + margin) * b_grid) & (t_grid > (1 - margin) * b_grid)
-    else:
-        hi, lo = (lambda b: b + margin), (lambda b: b - margin)
-        within = (t_grid < b_grid + margin) & (t_grid > b_grid - margin)
+    # the null boundaries t = b * scale + shift, above and below the margin
+    hi, lo = ((1 + margin, 0.0), (1 - margin, 0.0)) if relative else ((1.0, margin), (1.0, -margin))
+    within = (t_grid < b_grid * hi[0] + hi[1]) & (t_grid > b_grid * lo[0] + lo[1])
     near = _mix(pair, np.broadcast_to(within, pair.shape))
-    above = free if t_hat >= hi(b_hat) else _boundary_sup(lb_f, treat_runs, icc, hi)
-    below = free if t_hat <= lo(b_hat) else _boundary_sup(lb_f, treat_runs, icc, lo)
+    above = free if t_hat >= b_hat * hi[0] + hi[1] else _boundary_sup(lb_f, treat_runs, icc, *hi)
+    below = free if t_hat <= b_hat * lo[0] + lo[1] else _boundary_sup(lb_f, treat_runs, icc, *lo)
     equivalence = min(near - above, near - below) if margin > 0 else -math.inf
     # an e-value below 1 is no evidence either way; kept at 0 so traces read as "evidence so far"
     return Evidence(*(max(0.0, x) for x in (reduction, increase, equivalence, under, over)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,14 +107,25 @@ def title_section(report: dict[str, Any]) -> list[str]:
         if relative
         else f"±{pct(study['min_effect'])}"
     )
-    out += [
-        f"Baseline arm: `{base_desc}`. Test: {study['test']} (two-sided) on effective counts (sessions "
-        f"divided by the design effect of the restart-to-restart variation), Holm across {family} "
-        f"hypothes{'i' if family == 1 else 'e'}s at alpha {study['alpha']}; implicated needs the changed "
-        f"arm's upper bound under {pct(study['ceiling'])}; exonerated needs the difference's {conf} "
-        f"interval within {margin} (a change that removes corruption is never exonerated).",
-        "",
-    ]
+    if report.get("stopping"):
+        out += [
+            f"Baseline arm: `{base_desc}`. Sequential design: after every round, anytime-valid e-values "
+            f"on the runs (beta-binomial, the restart-to-restart variation included) decide each "
+            f"hypothesis at alpha {study['alpha']} across {family} hypothes{'i' if family == 1 else 'e'}s "
+            f"(Bonferroni), however many rounds were looked at; implicated needs a reduction and the "
+            f"changed arm's rate under {pct(study['ceiling'])}; exonerated needs the rates equal within "
+            f"{margin}.",
+            "",
+        ]
+    else:
+        out += [
+            f"Baseline arm: `{base_desc}`. Test: {study['test']} (two-sided) on effective counts (sessions "
+            f"divided by the design effect of the restart-to-restart variation), Holm across {family} "
+            f"hypothes{'i' if family == 1 else 'e'}s at alpha {study['alpha']}; implicated needs the changed "
+            f"arm's upper bound under {pct(study['ceiling'])}; exonerated needs the difference's {conf} "
+            f"interval within {margin} (a change that removes corruption is never exonerated).",
+            "",
+        ]
     between = report.get("between_runs")
     if between:
         out += [f"Between server starts ({between['method']}): {between['note']}.", ""]
@@ -125,7 +137,16 @@ def title_section(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def e_value(log_e: float | None) -> str:
+    """An e-value for a table (its log is what the study keeps)."""
+    if log_e is None:
+        return "–"
+    return f"{math.exp(log_e):.3g}" if log_e < 50 else f"e^{log_e:.0f}"
+
+
 def hypotheses_section(report: dict[str, Any]) -> list[str]:
+    if report.get("stopping"):
+        return sequential_hypotheses_section(report)
     conf = f"{report['confidence']:.0%}"
     head = [
         "hypothesis",
@@ -153,6 +174,78 @@ def hypotheses_section(report: dict[str, Any]) -> list[str]:
         for h in report["hypotheses"]
     ]
     return ["## Hypotheses", "", *_table(head, rows)]
+
+
+def sequential_hypotheses_section(report: dict[str, Any]) -> list[str]:
+    """A sequential study's verdicts rest on its e-values (fixed-design p-values are void after looks)."""
+    th = report["stopping"]["thresholds"]
+    head = [
+        "hypothesis",
+        "change",
+        "baseline",
+        "changed arm",
+        f"e reduction (needs {e_value(th['comparison'])})",
+        f"e equal (needs {e_value(th['comparison'])})",
+        f"e under ceiling (needs {e_value(th['ceiling'])})",
+        "verdict",
+        "why",
+    ]
+    rows = []
+    for h in report["hypotheses"]:
+        ev = h.get("evidence") or {}
+        rows.append(
+            [
+                f"{h['id']}: {h['statement']}",
+                f"{h['factor']}: {h['baseline_level']} → {h['treatment_level']}",
+                f"{h['baseline_counts'][0]}/{h['baseline_counts'][1]}",
+                f"{h['treatment_counts'][0]}/{h['treatment_counts'][1]}",
+                e_value(ev.get("reduction")),
+                e_value(ev.get("equivalence")),
+                e_value(ev.get("under")),
+                VERDICT_MARK[h["verdict"]],
+                h["note"],
+            ]
+        )
+    return ["## Hypotheses", "", *_table(head, rows)]
+
+
+def stopping_section(report: dict[str, Any]) -> list[str]:
+    """A sequential study's stopping trace: per round the arms run and each hypothesis' evidence."""
+    stop = report.get("stopping")
+    if not stop:
+        return []
+    th = stop["thresholds"]
+    hyps = [h["id"] for h in report["hypotheses"]]
+    out = [
+        "## Stopping trace",
+        "",
+        f"Sequential design: {stop['rounds']} round(s), {stop['sessions']} sessions; a fixed design running "
+        f"every arm for as many rounds: {stop['fixed_design_sessions']}. Evidence is an e-value per claim "
+        f"({stop['method']}): a comparison is decided at {e_value(th['comparison'])} (alpha / hypotheses), "
+        f"the ceiling at {e_value(th['ceiling'])}; budget {stop['max_runs_per_arm']} runs per arm"
+        + (f", {stop['max_sessions']} sessions" if stop["max_sessions"] else "")
+        + ".",
+        "",
+    ]
+    head = ["round", "arms run", "sessions", "ICC", *hyps]
+    rows = []
+    for look in stop["trace"]:
+        cells = []
+        for h in hyps:
+            row = look["hypotheses"][h]
+            ev = row["evidence"]
+            cells.append(
+                f"red {e_value(ev['reduction'])}, eq {e_value(ev['equivalence'])}, under "
+                f"{e_value(ev['under'])}: **{row['verdict'] or 'undecided'}**"
+            )
+        rows.append(
+            [look["round"], ", ".join(look["arms_run"]), look["sessions"], f"{look['icc']:.3f}", *cells]
+        )
+    out += _table(head, rows)
+    spent = ", ".join(f"{label} {n}" for label, n in stop["sessions_per_arm"].items())
+    benched = ", ".join(stop["benched"]) or "none"
+    out += ["", f"Sessions per arm: {spent}. Throughput sweeps ran on: {benched}.", ""]
+    return out
 
 
 def _batches(facts: dict[str, float]) -> str:
@@ -339,6 +432,7 @@ def render_markdown(report: dict[str, Any], tracking_uri: str | None = None) -> 
     sections = [
         title_section(report),
         hypotheses_section(report),
+        stopping_section(report),
         arms_section(report),
         throughput_section(report),
         problem_runs_section(report),
