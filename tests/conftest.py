@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,18 +16,28 @@ from orchestrator.plan import ArmPlan, plan_arm
 from orchestrator.schema import JobConf
 
 _ISSUED: set[int] = set()
+# under pytest-xdist each worker takes only the ports of its own residue, so two workers never hand
+# out the same free port before either has bound it
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now, never the same one twice in a test session: two servers
-    of one deployment given the same port would answer each other's health checks."""
+    """A loopback port nothing listens on now, never the same one twice in a test session (in any of
+    its workers): two servers of one deployment given the same port would answer each other's health
+    checks."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _ISSUED:
+        if port not in _ISSUED and port % _WORKERS == _WORKER:
             _ISSUED.add(port)
             return port
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end runs first: with two workers, a long run left to the end would run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def local_cluster_overrides(tmp_path: Path) -> list[str]:

@@ -149,3 +149,23 @@ def test_a_users_own_factor_on_the_searchpath_is_known(compose_cfg, tmp_path):
     assert plan_of(cfg).roles["decode"].env["WARP_SLOW"] == "0"
     message = _problems(compose_cfg, searchpath, "+factor/warp=fast", "+study.baseline.warp=turbo")
     assert "study.baseline.warp" in message and "['fast', 'slow']" in message
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["study.stopping.min_runs_per_arm=0"],
+            ["study.stopping", "min_runs_per_arm=0", "1 <= min_runs_per_arm <= max_runs_per_arm"],
+        ),
+        (
+            ["study.stopping.min_runs_per_arm=4", "study.stopping.max_runs_per_arm=3"],
+            ["min_runs_per_arm=4", "max_runs_per_arm=3"],
+        ),
+        (["study.stopping.max_sessions=10"], ["study.stopping.max_sessions: 10", "workload.sessions=80"]),
+    ],
+)
+def test_a_sequential_budget_that_cannot_run_is_refused(compose_cfg, overrides, expected):
+    message = _problems(compose_cfg, *overrides)
+    for text in expected:
+        assert text in message, message
