@@ -2,7 +2,8 @@
 the level of session outcomes, through the same analysis that judges real runs (`analysis.analyse`).
 
     python -m orchestrator.rehearse +experiment=<study> [fault_model=PATH] [rehearse.studies=N]
-        [rehearse.seed=S] [rehearse.json=OUT] [rehearse.restart_icc=RHO] [other Hydra overrides]
+        [rehearse.seed=S] [rehearse.json=OUT] [rehearse.restart_icc=RHO] [rehearse.kill_rate=Q]
+        [hydra.sweeper.design=sequential] [other Hydra overrides]
 
 e.g. `... repetition=0,1,2,3` rehearses four runs per arm, as the same override would run them.
 
@@ -28,7 +29,14 @@ in which at least one non-causal hypothesis was implicated or partial), `hypothe
 `causal`, `verdicts`: fraction per verdict, `wrong`, `expected`), `all_right` (fraction of studies
 with no wrong verdict), `all_expected`, `sessions_per_study` (mean), and the estimated ICC.
 
-The core, `rehearse`, is pure: (study, arm truths, runs, sessions, studies, seed) -> tallies.
+With `hydra.sweeper.design=sequential` (or an experiment that sets it, e.g. dsv4_sequential) each study
+runs in rounds through `sequential.next_round`, the code the sweeper calls, until it stops, and is judged
+as a sequential study's report is; `rehearse.kill_rate=Q` kills each run part-way with probability Q
+(never pooled, as a real killed run). The output adds `rounds_per_study`, `sessions_per_arm` and
+`fixed_design_sessions` (every arm for `study.stopping.max_runs_per_arm` starts).
+
+The cores, `rehearse` and `rehearse_sequential`, are pure: (study, arm truths, design, studies, seed) ->
+tallies.
 """
 
 from __future__ import annotations
@@ -216,14 +224,20 @@ def draw_run(arm: ArmTruth, sessions: int, rng: np.random.Generator) -> int:
 
 
 def sequential_study(
-    spec: StudySpec, arms: Sequence[ArmTruth], sessions: int, rng: np.random.Generator, kill_rate: float = 0.0
+    spec: StudySpec,
+    arms: Sequence[ArmTruth],
+    sessions: int,
+    rng: np.random.Generator,
+    kill_rate: float = 0.0,
+    earlier: Sequence[RunRecord] = (),
 ) -> list[RunRecord]:
     """One rehearsed sequential study, round by round through `sequential.next_round` (what the sweeper
-    calls). With `kill_rate`, each run is killed part-way with that probability: a KILLED run whose
-    outcomes (mostly corrupted sessions: a corrupted session ends early) are never pooled."""
+    calls); `earlier`: the runs of the same study before it was extended (a larger budget) or resumed.
+    With `kill_rate`, each run is killed part-way with that probability: a KILLED run whose outcomes
+    (mostly corrupted sessions: a corrupted session ends early) are never pooled."""
     hyps = sequential.study_hypotheses(spec)
     by_label = {a.label: a for a in arms}
-    runs: list[RunRecord] = []
+    runs: list[RunRecord] = list(earlier)
     while True:
         _, nxt = sequential.next_round(
             spec, hyps, sequential.arm_runs(runs, spec, analysis.run_used), analysis.BASELINE_LABEL, sessions

@@ -63,6 +63,9 @@ from orchestrator.plan import BASELINE_LABEL, arm_label
 from orchestrator.stats import dispersion
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
+COMPARISONS = ("reduction", "increase", "equivalence")  # the claims closed testing runs across hypotheses
+LOG_E_FLOOR = -50.0
+RATIO_SPAN = 100.0
 # futility: a claim is out of reach when twice its pace so far would not carry it over its threshold
 FUTILITY_OPTIMISM = 2.0
 # the mixture prior: log-uniform over rates (a heisenbug's rate is as likely 0.1% as 10%)
@@ -161,6 +164,27 @@ def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -
     return top + math.log(0.5 * spread + 0.5 * float(np.exp(gone - top).sum()) / gone.size)
 
 
+def _pair_mix(
+    pair: np.ndarray, allowed: np.ndarray, rows: np.ndarray, gone: np.ndarray | None = None
+) -> float:
+    """Log of the prior mixture over (baseline b, treatment t) of likelihoods exp(pair[b, t]): b uniform
+    over the grid's `rows`, t given b uniform over the row's `allowed` points (with `gone`, the
+    likelihoods at t ~ 0 per row, half of each row's weight on "the change removed it")."""
+    counts = allowed.sum(axis=1)
+    use = rows & (counts > 0)
+    if not use.any():
+        return -math.inf
+    masked = np.where(allowed, pair, -np.inf)[use]
+    top = masked.max(axis=1, keepdims=True)
+    row = top[:, 0] + np.log(np.exp(masked - top).sum(axis=1) / counts[use])
+    if gone is not None:
+        g = gone[use]
+        high = np.maximum(row, g)
+        row = high + np.log(0.5 * np.exp(row - high) + 0.5 * np.exp(g - high))
+    high = float(row.max())
+    return high + math.log(float(np.exp(row - high).mean()))
+
+
 def _boundary_sup(l_base: np.ndarray, treat_runs: Runs, icc: float, scale: float, shift: float) -> float:
     """max over b of l_base(b) + l_treat(b * scale + shift): the sup on a null's boundary."""
     return float(np.max(l_base + run_loglik(treat_runs, ("fine", scale, shift), icc)))
@@ -202,19 +226,43 @@ def _evidence(
     equal = float(np.max(lb_f + lt_f))  # the sup on t = b
     free = b_max + t_max
     gone = lb_m + float(lt_0[0])  # over the baseline grid, the treatment at ~0
-    reduction = _mix(pair, np.broadcast_to(t_grid < b_grid, pair.shape), gone) - (
-        free if t_hat >= b_hat else equal
-    )
-    increase = _mix(pair, np.broadcast_to(t_grid > b_grid, pair.shape)) - (free if t_hat <= b_hat else equal)
+    # the prior of the comparisons: a baseline worth hunting (at least half the ceiling), and the
+    # treatment within a factor RATIO_SPAN of it, log-uniform (the effect's size is what is unknown)
+    rows = ceiling / 2 <= MIX_GRID
+    lower = (t_grid < b_grid) & (t_grid > b_grid / RATIO_SPAN)
+    higher = (t_grid > b_grid) & (t_grid < b_grid * RATIO_SPAN)
+    reduction = _pair_mix(pair, lower, rows, gone) - (free if t_hat >= b_hat else equal)
+    increase = _pair_mix(pair, higher, rows) - (free if t_hat <= b_hat else equal)
     # the null boundaries t = b * scale + shift, above and below the margin
     hi, lo = ((1 + margin, 0.0), (1 - margin, 0.0)) if relative else ((1.0, margin), (1.0, -margin))
     within = (t_grid < b_grid * hi[0] + hi[1]) & (t_grid > b_grid * lo[0] + lo[1])
-    near = _mix(pair, np.broadcast_to(within, pair.shape))
+    near = _pair_mix(pair, within, rows)
     above = free if t_hat >= b_hat * hi[0] + hi[1] else _boundary_sup(lb_f, treat_runs, icc, *hi)
     below = free if t_hat <= b_hat * lo[0] + lo[1] else _boundary_sup(lb_f, treat_runs, icc, *lo)
     equivalence = min(near - above, near - below) if margin > 0 else -math.inf
-    # an e-value below 1 is no evidence either way; kept at 0 so traces read as "evidence so far"
-    return Evidence(*(max(0.0, x) for x in (reduction, increase, equivalence, under, over)))
+    # the log e-values as they are (below 0: the data lean the other way), floored where the e-value is
+    # nil for any purpose, so traces stay finite numbers
+    return Evidence(*(max(LOG_E_FLOOR, x) for x in (reduction, increase, equivalence, under, over)))
+
+
+def _log_mean_exp(logs: Sequence[float]) -> float:
+    top = max(logs)
+    return top + math.log(sum(math.exp(x - top) for x in logs) / len(logs))
+
+
+def closed(evidences: Mapping[str, Evidence]) -> dict[str, Evidence]:
+    """The comparison claims after closed testing across the hypotheses (e-Holm): a claim of hypothesis
+    i stands only if, for every set I of hypotheses containing i, the mean of I's e-values for that claim
+    reaches 1 / alpha; the smallest such mean is reported as i's closed e-value. The mean of e-processes
+    is an e-process for their intersection, so this controls the family-wise error of each claim at alpha
+    under any dependence (the arms share the baseline), at every look (Vovk & Wang 2021, e-closure)."""
+    out = {h: dict(ev.as_dict()) for h, ev in evidences.items()}
+    for claim in COMPARISONS:
+        values = {h: float(getattr(ev, claim)) for h, ev in evidences.items()}
+        for h, own in values.items():
+            others = sorted(v for k, v in values.items() if k != h)
+            out[h][claim] = min(_log_mean_exp([own, *others[:k]]) for k in range(len(others) + 1))
+    return {h: Evidence(**values) for h, values in out.items()}
 
 
 # --- decisions --------------------------------------------------------------------------------------
@@ -222,14 +270,14 @@ def _evidence(
 
 @dataclass(frozen=True)
 class Thresholds:
-    """log(H / alpha) for the comparisons, log(1 / alpha) for the per-arm ceiling bounds."""
+    """log(1 / alpha): for the closed comparison e-values (`closed`) and for the per-arm ceiling bounds."""
 
     comparison: float
     ceiling: float
 
     @classmethod
-    def of(cls, alpha: float, family_size: int) -> Thresholds:
-        return cls(math.log(max(1, family_size) / alpha), math.log(1 / alpha))
+    def of(cls, alpha: float) -> Thresholds:
+        return cls(math.log(1 / alpha), math.log(1 / alpha))
 
 
 @dataclass(frozen=True)
@@ -245,7 +293,7 @@ def reachable(ev: Evidence, th: Thresholds, rounds_done: int, max_runs: int) -> 
     each log e-value's growth so far forward at FUTILITY_OPTIMISM times its pace (a log e-value grows
     about linearly with the runs when its alternative holds)."""
     scale = FUTILITY_OPTIMISM * max_runs / max(1, rounds_done)
-    p = {c: getattr(ev, c) * scale for c in CLAIMS}
+    p = {c: max(0.0, getattr(ev, c)) * scale for c in CLAIMS}
     ceiling_settles = p["under"] >= th.ceiling or p["over"] >= th.ceiling
     return bool(
         (p["reduction"] >= th.comparison and ceiling_settles)
@@ -347,13 +395,17 @@ def look(
     evidences, decisions = {}, {}
     max_runs = int(settings.stopping.max_runs_per_arm)
     early = round_index + 1 < int(settings.stopping.min_runs_per_arm)
+    has_data = {}
     for h in hyps:
         base = arms.get(h.baseline, ArmRuns(h.baseline)).upto(round_index)
         treat = arms.get(h.treatment, ArmRuns(h.treatment)).upto(round_index)
-        ev = evidence(
+        has_data[h.id] = bool(base) and bool(treat)
+        evidences[h.id] = evidence(
             base, treat, icc, settings.ceiling, settings.min_effect, bool(settings.min_effect_relative)
         )
-        evidences[h.id] = ev
+    evidences = closed(evidences)
+    for h in hyps:
+        ev = evidences[h.id]
         if h.id in decided and decided[h.id].verdict is not None:
             decisions[h.id] = decided[h.id]
             continue
@@ -362,7 +414,7 @@ def look(
             continue
         spent = round_index + 1 >= max_runs
         futile = bool(settings.stopping.futility) and not reachable(ev, th, round_index + 1, max_runs)
-        decisions[h.id] = decide(ev, th, spent, bool(treat) and bool(base), futile)
+        decisions[h.id] = decide(ev, th, spent, has_data[h.id], futile)
     run_here = tuple(sorted(a.label for a in arms.values() if round_index in a.counts))
     sessions = sum(n for a in arms.values() for r, (_, n) in a.counts.items() if r == round_index)
     return Look(round_index, icc, evidences, decisions, run_here, sessions)
@@ -412,7 +464,7 @@ def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]
     """Every look of the study so far, one per round with a run, recomputed from the runs alone (so a
     resumed or extended study has the same trace as one never interrupted)."""
     rounds = sorted({r for a in arms.values() for r in a.started})
-    th = Thresholds.of(spec.alpha, len(hyps))
+    th = Thresholds.of(spec.alpha)
     looks: list[Look] = []
     decided: dict[str, Decision] = {}
     for r in rounds:
@@ -496,7 +548,7 @@ def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
     and what a fixed design running every arm for as many rounds would have spent."""
     hyps = study_hypotheses(spec)
     arms = arm_runs(records, spec, used)
-    th = Thresholds.of(spec.alpha, len(hyps))
+    th = Thresholds.of(spec.alpha)
     looks = trace(spec, hyps, arms)
     final = looks[-1].decisions if looks else {}
     spent = {label: sum(n for _, n in a.counts.values()) for label, a in sorted(arms.items())}

@@ -56,7 +56,13 @@ def test_a_sequential_study_stops_when_the_evidence_decides(study):  # noqa: F81
 @pytest.mark.slow
 def test_an_interrupted_sequential_study_resumes_without_losing_a_finished_run(study):  # noqa: F811
     # a slow stress (one session at a time) so round 1 is surely mid-stress when the signal lands
-    sweep = [*SEQUENTIAL, "workload.sessions=20", "workload.rounds=3", "workload.concurrency=1"]
+    sweep = [
+        *SEQUENTIAL,
+        "workload.sessions=12",
+        "workload.rounds=2",
+        "workload.concurrency=1",
+        "bench.enabled=false",
+    ]
     proc = study.start(*sweep)
     out = interrupt_mid_stress(study, proc, 2, signal.SIGTERM)  # job 2: round 1's first arm
     assert proc.returncode != 0, out[-3000:]

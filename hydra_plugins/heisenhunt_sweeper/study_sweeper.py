@@ -142,9 +142,7 @@ class StudySweeper(BasicSweeper):
             int(self.config.workload.sessions),
         )
         if looks:
-            log.info(
-                "%s", sequential.describe(looks[-1], sequential.Thresholds.of(self.study.alpha, len(hyps)))
-            )
+            log.info("%s", sequential.describe(looks[-1], sequential.Thresholds.of(self.study.alpha)))
             if run_id:
                 log_look(uri, run_id, looks[-1])
         if not nxt.arms:
