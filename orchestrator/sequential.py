@@ -27,10 +27,21 @@ Claims, per hypothesis (baseline mean b, treatment mean t, ceiling c, margin d):
   absolute: t >= b + d or t <= b - d); intersection-union, E = the smaller of the two one-sided e-values.
 - `under`: H0 t >= c (corruption gone: under the ceiling). `over`: H0 t <= c (corruption remains).
 
-Error control. The comparison claims (reduction, increase, equivalence) of the H hypotheses are tested at
-alpha / H each (Bonferroni on e-values: E >= H / alpha), so the family-wise error of the verdicts that
-rest on a comparison is at most alpha. The ceiling claims are per-arm bounds at level alpha, as the fixed
-design's 95% upper bound is (E >= 1 / alpha).
+Error control. The comparison claims (reduction, increase, equivalence) are closed across the H
+hypotheses (`closed`, e-Holm: a claim stands when the mean e-value of every set of hypotheses holding it
+reaches 1 / alpha; the mean of e-processes is an e-process for their intersection), so each kind of
+comparison claim has family-wise error at most alpha at every look, under any dependence between the
+hypotheses (they share the baseline): false implication (a reduction claimed where there is none) and
+false exoneration are each at most alpha. Once the clear hypotheses are settled, the rest are tested at
+about alpha, not alpha / H. The ceiling claims are per-arm bounds at level alpha, as the fixed design's
+95% upper bound is (E >= 1 / alpha).
+
+Priors (any fixed prior keeps the guarantee; these decide the power): rates log-uniform (MIX_GRID); for
+the comparisons the baseline at least half the ceiling (a baseline under it is no bug to hunt) and the
+treatment within a factor RATIO_SPAN of it; for "reduction" and "under", half the weight on the treatment's
+rate being ~0 (GONE: the alternative that matters most, the change removed the bug). The price of
+validity at every look: a moderate effect needs about twice the sessions a single fixed-size test
+does (`python -m orchestrator.rehearse` shows it per design).
 
 Verdicts, at each look, for a hypothesis not yet decided:
 - implicated: reduction and under; partial: reduction and over (corruption remains above the ceiling);
@@ -566,7 +577,10 @@ def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
         else:
             decisions[h.id] = {"verdict": d.verdict, "reason": d.reason}
     return {
-        "method": "e-values by universal inference on beta-binomial runs (orchestrator/sequential.py)",
+        "method": (
+            "e-values by universal inference on beta-binomial runs, closed across hypotheses "
+            "(orchestrator/sequential.py)"
+        ),
         "thresholds": {"comparison": th.comparison, "ceiling": th.ceiling},
         "max_runs_per_arm": spec.stopping.max_runs_per_arm,
         "max_sessions": spec.stopping.max_sessions,

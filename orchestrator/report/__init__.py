@@ -111,10 +111,10 @@ def title_section(report: dict[str, Any]) -> list[str]:
         out += [
             f"Baseline arm: `{base_desc}`. Sequential design: after every round, anytime-valid e-values "
             f"on the runs (beta-binomial, the restart-to-restart variation included) decide each "
-            f"hypothesis at alpha {study['alpha']} across {family} hypothes{'i' if family == 1 else 'e'}s "
-            f"(Bonferroni), however many rounds were looked at; implicated needs a reduction and the "
-            f"changed arm's rate under {pct(study['ceiling'])}; exonerated needs the rates equal within "
-            f"{margin}.",
+            f"hypothesis at family-wise alpha {study['alpha']} across {family} "
+            f"hypothes{'i' if family == 1 else 'e'}s (closed testing on e-values), however many rounds "
+            f"were looked at; implicated needs a reduction and the changed arm's rate under "
+            f"{pct(study['ceiling'])}; exonerated needs the rates equal within {margin}.",
             "",
         ]
     else:
@@ -184,8 +184,8 @@ def sequential_hypotheses_section(report: dict[str, Any]) -> list[str]:
         "change",
         "baseline",
         "changed arm",
-        f"e reduction (needs {e_value(th['comparison'])})",
-        f"e equal (needs {e_value(th['comparison'])})",
+        f"closed e reduction (needs {e_value(th['comparison'])})",
+        f"closed e equal (needs {e_value(th['comparison'])})",
         f"e under ceiling (needs {e_value(th['ceiling'])})",
         "verdict",
         "why",
@@ -221,7 +221,8 @@ def stopping_section(report: dict[str, Any]) -> list[str]:
         "",
         f"Sequential design: {stop['rounds']} round(s), {stop['sessions']} sessions; a fixed design running "
         f"every arm for as many rounds: {stop['fixed_design_sessions']}. Evidence is an e-value per claim "
-        f"({stop['method']}): a comparison is decided at {e_value(th['comparison'])} (alpha / hypotheses), "
+        f"({stop['method']}): a comparison is decided when its closed e-value reaches "
+        f"{e_value(th['comparison'])}, "
         f"the ceiling at {e_value(th['ceiling'])}; budget {stop['max_runs_per_arm']} runs per arm"
         + (f", {stop['max_sessions']} sessions" if stop["max_sessions"] else "")
         + ".",
