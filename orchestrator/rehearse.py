@@ -263,6 +263,20 @@ def sequential_study(
             )
 
 
+def sequential_verdicts(spec: StudySpec, runs: Sequence[RunRecord]) -> dict[str, Any]:
+    """What `tally` reads of a sequential study's report, from `sequential.report_block`: the block
+    `analysis.analyse` takes a sequential study's verdicts from, without the per-arm intervals and
+    throughput the rehearsal does not look at."""
+    block = sequential.report_block(spec, runs, analysis.run_used)
+    trace = block["trace"]
+    return {
+        "hypotheses": [{"id": h, "verdict": d["verdict"]} for h, d in block["decisions"].items()],
+        "arms": [{"n": n} for n in block["sessions_per_arm"].values()],
+        "between_runs": {"icc": trace[-1]["icc"] if trace else 0.0},
+        "stopping": block,
+    }
+
+
 def rehearse_sequential(
     spec: StudySpec,
     arms: Sequence[ArmTruth],
@@ -272,7 +286,7 @@ def rehearse_sequential(
     kill_rate: float = 0.0,
 ) -> dict[str, Any]:
     """`rehearse` for `design: sequential`: each study runs in rounds until the evidence decides, and is
-    judged by `analysis.analyse` as a sequential study's report is."""
+    judged as a sequential study's report is (`sequential_verdicts`)."""
     if sessions < 1 or studies < 1:
         raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
     rng = np.random.default_rng(seed)
@@ -280,7 +294,7 @@ def rehearse_sequential(
     reports = []
     for _ in range(studies):
         runs = sequential_study(spec, arms, sessions, rng, kill_rate)
-        reports.append(analysis.analyse(spec, runs, context={"design": "sequential"}))
+        reports.append(sequential_verdicts(spec, runs))
     fixed = len(arms) * spec.stopping.max_runs_per_arm * sessions
     result = tally(spec, rows, reports, studies, seed)
     result["design"] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,10 +17,14 @@ from orchestrator.plan import ArmPlan, plan_arm
 from orchestrator.schema import JobConf
 
 _ISSUED: set[int] = set()
-# under pytest-xdist each worker takes only the ports of its own residue, so two workers never hand
-# out the same free port before either has bound it
+# Ports are drawn below Linux's ephemeral range (32768-60999), where the kernel never hands out the local
+# port of an outgoing connection, and each pytest-xdist worker draws from its own slice of it, so two
+# workers never pick the same free port before either has bound it.
+_PORTS = range(10000, 32000)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_SLICE = len(_PORTS) // _WORKERS
+_MINE = range(_PORTS.start + _WORKER * _SLICE, _PORTS.start + (_WORKER + 1) * _SLICE)
 
 
 def free_port() -> int:
@@ -27,12 +32,16 @@ def free_port() -> int:
     its workers): two servers of one deployment given the same port would answer each other's health
     checks."""
     while True:
+        port = random.choice(_MINE)
+        if port in _ISSUED:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _ISSUED and port % _WORKERS == _WORKER:
-            _ISSUED.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ISSUED.add(port)
+        return port
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

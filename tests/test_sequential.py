@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from orchestrator import analysis, sequential
-from orchestrator.rehearse import ArmTruth, rehearse_sequential, sequential_study, study_arms
+from orchestrator.rehearse import (
+    ArmTruth,
+    rehearse_sequential,
+    sequential_study,
+    sequential_verdicts,
+    study_arms,
+)
 from orchestrator.schema import StoppingConf, StudyConf
 from tests.test_rehearse import SEED_STORY, SPEC
 
@@ -28,6 +34,7 @@ def truths(spec: StudyConf, rates: dict[str, float], icc: float) -> list[ArmTrut
     ]
 
 
+@pytest.mark.slow
 # 2,000 studies where the error is likeliest (restart ICC 0.1), 1,000 without between-run variation
 @pytest.mark.parametrize(
     ("rate", "icc", "studies"), [(0.03, 0.0, 1000), (0.03, 0.1, 2000), (0.15, 0.0, 1000), (0.15, 0.1, 2000)]
@@ -39,6 +46,7 @@ def test_null_models_keep_family_wise_false_implication_under_alpha(rate, icc, s
     assert result["family_false_implication"] <= spec.alpha, result["family_false_implication"]
 
 
+@pytest.mark.slow
 def test_many_looks_and_killed_runs_keep_the_error_under_alpha():
     """Six looks with nothing stopped for futility, a fifth of the runs killed part-way (their outcomes
     are mostly corrupted sessions, never pooled), between-run ICC 0.1: still under alpha."""
@@ -49,6 +57,7 @@ def test_many_looks_and_killed_runs_keep_the_error_under_alpha():
     assert result["family_false_implication"] <= spec.alpha, result
 
 
+@pytest.mark.slow
 def test_seed_story_is_judged_right_with_fewer_sessions_than_the_fixed_design():
     spec = dsv4_spec(max_runs_per_arm=4)
     result = rehearse_sequential(spec, truths(spec, SEED_STORY, 0.02), sessions=60, studies=2000, seed=13)
@@ -152,3 +161,17 @@ def test_extending_a_finished_study_continues_its_rounds_with_the_same_evidence(
     decided = {h.treatment for h in hyps if before[-1].decisions[h.id].verdict is not None}
     added = {analysis.arm_label(r.factors, large.baseline) for r in extended[len(first) :]}
     assert decided and not decided & added  # what the evidence had settled gets no more starts
+
+
+def test_the_rehearsal_judges_as_the_report_does():
+    """`sequential_verdicts` (the rehearsal's fast path) gives the verdicts `analysis.analyse` reports."""
+    spec = dsv4_spec(max_runs_per_arm=4)
+    arms = truths(spec, SEED_STORY, 0.02)
+    for seed in range(20):
+        runs = sequential_study(spec, arms, 60, np.random.default_rng(seed))
+        report = analysis.analyse(spec, runs, context={"design": "sequential"})
+        fast = sequential_verdicts(spec, runs)
+        assert {h["id"]: h["verdict"] for h in report["hypotheses"]} == {
+            h["id"]: h["verdict"] for h in fast["hypotheses"]
+        }
+        assert sum(a["n"] for a in report["arms"]) == sum(a["n"] for a in fast["arms"])

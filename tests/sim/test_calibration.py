@@ -7,7 +7,6 @@ scale 0.05), averaged over repetitions; the throughput curve runs at time scale 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from pathlib import Path
 
 import pytest
@@ -69,10 +68,15 @@ def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm
     assert sim_counters(c.procs["decode"].url)["max_batch"] >= 40  # the sessions really ran concurrently
 
 
+# the study's three fixes (one knob off), one with HiCache off too, and every knob off: through the real
+# router, 60 concurrent sessions each (every one of the 14 non-matching configurations is checked against
+# the rules, without servers, in test_fault_model.py)
 OTHER_ARMS = [
-    Arm(capture=cap, bf16_index_k=bf16, multi_stream=ms, hicache=hc)
-    for cap, bf16, ms, hc in itertools.product((True, False), repeat=4)
-    if not (cap and bf16 and ms)
+    Arm(capture=False),
+    Arm(bf16_index_k=False),
+    Arm(multi_stream=False),
+    Arm(multi_stream=False, hicache=False),
+    Arm(capture=False, bf16_index_k=False, multi_stream=False, hicache=False),
 ]
 
 
