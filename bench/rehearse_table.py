@@ -1,10 +1,11 @@
-"""Issue 13's table, re-measured: family-wise false implication on null models and the seed story, for the
-dsv4 study shape, each cell a `python -m orchestrator.rehearse` run (the command is printed with it).
+"""Family-wise false implication on null models and the seed story, for the dsv4 study shape, each cell a
+`python -m orchestrator.rehearse` run (the command is printed with it).
 
-    flock /tmp/hh/heavy.lock timeout 600 python bench/rehearse_table.py [STUDIES]
+    flock /tmp/hh/heavy.lock timeout 600 python bench/rehearse_table.py [STUDIES] [EXPERIMENT]
 
-STUDIES per cell, default 2000. Prints a markdown table; the shipped rule must keep every null cell at
-or under 0.05 (the issue's Must-show), the seed story "all right" at or over 0.95.
+STUDIES per cell, default 2000; EXPERIMENT `dsv4_corruption` (the fixed design, default) or
+`dsv4_sequential` (the sequential one: the table then has the sessions per study too). Prints a markdown
+table; every null cell must stay at or under 0.05, the seed story "all right" at or over 0.95.
 """
 
 from __future__ import annotations
@@ -22,19 +23,21 @@ def cell(args: list[str]) -> tuple[str, dict]:
 
 def main() -> int:
     studies = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    common = ["+experiment=dsv4_corruption", f"rehearse.studies={studies}", "rehearse.seed=13"]
-    print("| rate | restart ICC | family-wise false implication | command |")
-    print("|---|---|---|---|")
+    experiment = sys.argv[2] if len(sys.argv) > 2 else "dsv4_corruption"
+    common = [f"+experiment={experiment}", f"rehearse.studies={studies}", "rehearse.seed=13"]
+    print("| rate | restart ICC | family-wise false implication | sessions per study | command |")
+    print("|---|---|---|---|---|")
     for pct in (3, 15):
         for icc in ("0", "0.02", "0.1"):
             command, result = cell(
                 [*common, f"fault_model={BENCH}/null_{pct}pct.yaml", f"rehearse.restart_icc={icc}"]
             )
-            print(f"| {pct}% | {icc} | {result['family_false_implication']:.2%} | `{command}` |")
+            false, spent = result["family_false_implication"], result["sessions_per_study"]
+            print(f"| {pct}% | {icc} | {false:.2%} | {spent:.0f} | `{command}` |")
     print()
     per_header = "per hypothesis (implicated/partial/inconclusive)"
-    print(f"| seed story | restart ICC | all right | all as expected | {per_header} | command |")
-    print("|---|---|---|---|---|---|")
+    print(f"| seed story | restart ICC | all right | all as expected | sessions | {per_header} | command |")
+    print("|---|---|---|---|---|---|---|")
     for icc in ("0", "0.02", "0.1"):
         command, result = cell(
             [*common, f"fault_model={BENCH}/seed_story.yaml", f"rehearse.restart_icc={icc}"]
@@ -46,7 +49,7 @@ def main() -> int:
         )
         print(
             f"| 15% / HiCache off 5% / others 0 | {icc} | {result['all_right']:.2%} | "
-            f"{result['all_expected']:.2%} | {per} | `{command}` |"
+            f"{result['all_expected']:.2%} | {result['sessions_per_study']:.0f} | {per} | `{command}` |"
         )
     return 0
 
