@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from mlflow import MlflowClient
 
 from tests.test_study import finish, no_servers_left, orchestrator
 
@@ -40,8 +41,27 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
     # HiCache was a perturbation, not the cause: off lowers corruption but does not remove it
     assert found["H-hicache"] != "implicated", found
     arms = {a["label"]: a for a in report["arms"]}
-    # fewer sessions than the fixed design's 5 arms x 4 starts x 60
-    assert report["stopping"]["sessions"] < 1200, report["stopping"]["sessions_per_arm"]
+    stop = report["stopping"]
+    # fewer sessions than the fixed design's 5 arms x 4 starts x 60, in rounds of the arms still open
+    assert stop["sessions"] < 1200, stop["sessions_per_arm"]
+    assert [t["round"] for t in stop["trace"]] == list(range(stop["rounds"])) and stop["rounds"] >= 2
+    assert stop["trace"][0]["hypotheses"]["H-multistream"]["verdict"] is None  # two starts at least
+    assert stop["trace"][-1]["hypotheses"]["H-multistream"]["verdict"] == "implicated"
+    assert "round 1 evidence" in out  # the terminal shows the evidence as the study goes
+    # the throughput sweep ran once on each candidate fix and on the baseline, not on every start
+    assert {"baseline", "multi_stream=off"} <= set(stop["benched"]), stop["benched"]
+    swept = [r for a in report["arms"] for r in a["runs"] if a["throughput"]]
+    assert all(
+        len(a["throughput"]) and max(lv["runs"] for lv in a["throughput"]) == 1
+        for a in report["arms"]
+        if a["throughput"]
+    ), swept
+    # the evidence per round is in MLflow, a metric with the round as its step (the UI plots it)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = report["context"]["parent_run_id"]
+    history = client.get_metric_history(parent, "evidence.H-multistream.reduction")
+    assert [m.step for m in history] == list(range(stop["rounds"])), history
+    assert "## Stopping trace" in (tmp_path / "reports" / "dsv4_sequential" / "report.md").read_text()
     # a few starts cannot pin a rate to +-2.5%: the arm's 95% interval must meet the original band
     for label, (low, high) in {"baseline": (0.13, 0.18), "hicache=off": (0.03, 0.07)}.items():
         ci = arms[label]["ci"]
@@ -49,7 +69,9 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
     for label in ("multi_stream=off", "capture=eager", "index_k=fp8"):
         assert arms[label]["corrupted"] == 0, arms[label]
     fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
-    assert fix["verdict"] == "no regression", fix
+    # the suite runs two tests at once: when the other one starves the load generator the report says
+    # so instead of judging the servers; when it judges, the fix costs no throughput
+    assert fix["verdict"] in ("no regression", "no verdict (client-bound)"), fix
     assert not no_servers_left(tmp_path)
 
 

@@ -27,7 +27,8 @@ def test_the_default_study_over_ssh_gives_the_local_verdicts(sshd, tmp_path, mon
     monkeypatch.setenv("HH_SSH_USER", sshd.user)
     monkeypatch.setenv("HH_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
     logins_before = sshd.log_text().count("Accepted publickey")
-    proc = orchestrator(tmp_path, "cluster=ssh_local")
+    # the default study, in rounds (the sequential design: two starts per arm when the evidence is clear)
+    proc = orchestrator(tmp_path, "cluster=ssh_local", "hydra.sweeper.default_design=sequential")
     out = finish(proc, 900)
     assert proc.returncode == 0, out[-5000:]
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
@@ -38,7 +39,7 @@ def test_the_default_study_over_ssh_gives_the_local_verdicts(sshd, tmp_path, mon
     assert fix["levels"] and all(level["ratio"] > 0 for level in fix["levels"]), fix
     # the arms really went through sshd: one login per arm (roles share the connection)
     logins = sshd.log_text().count("Accepted publickey") - logins_before
-    assert logins >= 6, logins
+    assert logins >= 4, logins
     # server logs came back over SFTP into the job dirs
     assert list((tmp_path / "multirun").rglob("server_logs/decode.log"))
     assert not no_servers_left(tmp_path)
