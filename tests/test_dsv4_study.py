@@ -25,6 +25,11 @@ EXPECTED = {
 }
 
 
+# the suite runs two tests at once: when the other one starves the load generator, the report says so
+# instead of judging the servers; when it judges, the fix costs no throughput
+THROUGHPUT_OK = ("no regression", "no verdict (client-bound)")
+
+
 def verdicts(report: dict) -> dict[str, str]:
     return {h["id"]: h["verdict"] for h in report["hypotheses"]}
 
@@ -69,9 +74,7 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
     for label in ("multi_stream=off", "capture=eager", "index_k=fp8"):
         assert arms[label]["corrupted"] == 0, arms[label]
     fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
-    # the suite runs two tests at once: when the other one starves the load generator the report says
-    # so instead of judging the servers; when it judges, the fix costs no throughput
-    assert fix["verdict"] in ("no regression", "no verdict (client-bound)"), fix
+    assert fix["verdict"] in THROUGHPUT_OK, fix
     assert not no_servers_left(tmp_path)
 
 
@@ -85,7 +88,7 @@ def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_
     assert {a["label"] for a in report["arms"]} == {"baseline", "multi_stream=off"}
     assert all(len(a["runs"]) == 3 for a in report["arms"])  # three repetitions each
     fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
-    assert fix["verdict"] == "no regression", fix
+    assert fix["verdict"] in THROUGHPUT_OK, fix
     assert "orchestrator.sim.server" in report["arms"][0]["config"]["decode"]["argv"]
     assert (
         (tmp_path / "reports" / "quick" / "report.md")
