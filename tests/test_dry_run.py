@@ -49,3 +49,12 @@ def test_a_command_line_sweep_dry_run_lists_every_combination(tmp_path):
     out = _dry_run(tmp_path, "-m", "factor/multi_stream=on,off", "factor/capture=graph,eager")
     assert "dry run of study sweep-capture-multi_stream (design factorial)" in out
     assert sum(line.startswith("arm ") for line in out.splitlines()) == 4
+
+
+def test_a_sequential_dry_run_shows_its_first_round_and_stops(tmp_path):
+    """Its later rounds depend on evidence a dry run never gathers: round 0, every arm once, then done."""
+    out = _dry_run(tmp_path, "+experiment=dsv4_sequential")
+    arms = [line for line in out.splitlines() if line.startswith("arm ")]
+    assert len(arms) == 5 and all("1 job(s)" in a for a in arms), out[-3000:]
+    assert "round 0: baseline" in out and "round 0 shown" in out
+    assert not (tmp_path / "mlflow.db").exists()

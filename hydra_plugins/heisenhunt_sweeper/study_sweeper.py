@@ -77,6 +77,7 @@ class StudySweeper(BasicSweeper):
         # sequential: arm label -> its overrides, and the round about to be launched
         self._arms: dict[str, list[str]] | None = None
         self._round: list[list[str]] = []
+        self._launched = -1  # the last round launched
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.adhoc import study_overrides
@@ -148,6 +149,16 @@ class StudySweeper(BasicSweeper):
         if not nxt.arms:
             log.info("sequential study done after %d round(s): %s", len(looks), nxt.stop_reason)
             return []
+        if self.config.get("dry_run") and self._launched >= 0:
+            log.info("dry run: round 0 shown; the later rounds depend on its evidence")
+            return []
+        if nxt.round <= self._launched:
+            raise HydraException(
+                f"design=sequential: the runs of round {self._launched} are not in the tracking store "
+                f"{uri} (the study callback records them: hydra.callbacks.study), so the next round "
+                f"cannot be chosen"
+            )
+        self._launched = nxt.round
         missing = [label for label in nxt.arms if label not in self._arms]
         if missing:
             raise HydraException(
