@@ -32,6 +32,7 @@ def corruption_rates(c, reps: int) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.quiet_host
 @pytest.mark.parametrize(
     ("arm", "low", "high", "reps"),
     [(BASELINE, 0.13, 0.18, 30), (Arm(hicache=False), 0.03, 0.07, 20)],
