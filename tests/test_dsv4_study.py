@@ -25,9 +25,10 @@ EXPECTED = {
 }
 
 
-# the suite runs two tests at once: when the other one starves the load generator, the report says so
-# instead of judging the servers; when it judges, the fix costs no throughput
-THROUGHPUT_OK = ("no regression", "no verdict (client-bound)")
+# the suite runs two tests at once: the other one can starve the load generator (the report then says
+# "client-bound") or widen the ratio's interval (inconclusive); what it must never say of the fix is that
+# it costs throughput
+THROUGHPUT_OK = ("no regression", "no verdict (client-bound)", "inconclusive")
 
 
 def verdicts(report: dict) -> dict[str, str]:
