@@ -147,7 +147,8 @@ def run_loglik(runs: Runs, p: np.ndarray | GridKey, icc: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Evidence:
-    """Log e-values of one hypothesis' claims (0: no evidence; log(H / alpha) decides a comparison)."""
+    """Log e-values of one hypothesis' claims (below 0: the data lean the other way; log(1 / alpha), after
+    `closed` for the comparisons, decides a claim)."""
 
     reduction: float = 0.0
     increase: float = 0.0
@@ -166,12 +167,11 @@ def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -
     chosen = values[mask]
     if not chosen.size:
         return -math.inf
-    top = float(chosen.max())
+    with_gone = gone is not None and gone.size > 0
+    top = max(float(chosen.max()), float(gone.max()) if with_gone else -math.inf)
     spread = float(np.exp(chosen - top).sum()) / chosen.size
-    if gone is None or not gone.size:
+    if not with_gone:
         return top + math.log(spread)
-    top = max(top, float(gone.max()))
-    spread = float(np.exp(chosen - top).sum()) / chosen.size
     return top + math.log(0.5 * spread + 0.5 * float(np.exp(gone - top).sum()) / gone.size)
 
 
