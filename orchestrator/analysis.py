@@ -45,16 +45,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import sequential, stats
+from orchestrator import decode_load, sequential, stats
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
 from orchestrator.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-exported for callers
 from orchestrator.schema import StudyConf as StudySpec
+from orchestrator.workload.detect import DEFAULT_COUNTED, FAMILIES
 
 VERDICTS = ("implicated", "partial", "exonerated", "inconclusive")
 POWER = 0.8
@@ -92,12 +93,18 @@ class RunRecord:
     planned: int = 0
     reason: str = ""
     client_bound: bool = False
+    missing_usage: int = 0  # bench responses without a usage block (the server's doing)
+    # detector family -> sessions with a finding of it, counted or noted beside (absent: not logged)
+    families: dict[str, int] = field(default_factory=dict)
     bench: tuple[LevelSample, ...] = ()
     # role -> {"env": {NAME: value}, "flags": "...", "argv": "..."} (already redacted)
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
     facts: dict[str, float] = field(default_factory=dict)
     # what else changes what a session measures (deployment, workload settings): part of the arm's identity
     conditions: dict[str, str] = field(default_factory=dict)
+    # the decode's load during the stress run (decode_load.from_record): planned, measured, unknown (why),
+    # mean, p50, max; {} for runs logged before it was recorded
+    decode_load: dict[str, Any] = field(default_factory=dict)
 
 
 # --- small helpers ---------------------------------------------------------------------------------
@@ -179,6 +186,8 @@ def pool_arms(
                 "upper_bound": hi if n else None,
                 "partial": bool(missing),
                 "client_bound": any(r.client_bound for r in finished),
+                "missing_usage": sum(r.missing_usage for r in finished),
+                "families": _sum_maps(r.families for r in used),
                 "runs": [
                     {
                         "run_id": r.run_id,
@@ -194,21 +203,65 @@ def pool_arms(
                     }
                     for r in group
                 ],
-                "facts": _sum_facts(used),
+                "facts": _sum_maps(r.facts for r in used),
                 "config": config_run.config,
                 "throughput": _arm_throughput(finished),
+                "decode_load": arm_decode_load(used),
             }
         )
     arms.sort(key=lambda a: (a["label"] != BASELINE_LABEL, a["label"], a["signature"]))
     return arms
 
 
-def _sum_facts(runs: Sequence[RunRecord]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for r in runs:
-        for key, value in r.facts.items():
-            total[key] = total.get(key, 0.0) + value
+def _sum_maps(maps: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Key-wise sums (keys no map has are left out), sorted by key."""
+    total: dict[str, Any] = {}
+    for values in maps:
+        for key, value in values.items():
+            total[key] = total.get(key, 0) + value
     return dict(sorted(total.items()))
+
+
+def arm_decode_load(runs: Sequence[RunRecord]) -> dict[str, Any] | None:
+    """The decode's load over an arm's pooled runs, against the planned concurrency (pure); None when no
+    run recorded it (runs logged before it was). `mean`, `p50`: means over the measured runs of each
+    run's; `max`: the largest; `short`: the mean is under `decode_load.SHORT_FRACTION` of the planned
+    concurrency; `unknown`: why the runs without a load have none."""
+    recorded = [r for r in runs if r.decode_load]
+    if not recorded:
+        return None
+    measured = [r for r in recorded if r.decode_load.get("measured")]
+    planned = max((r.decode_load["planned"] for r in recorded if r.decode_load.get("planned")), default=None)
+    mean = _mean([r.decode_load["mean"] for r in measured])
+    fraction = mean / planned if mean is not None and planned else None
+    return {
+        "planned": planned,
+        "runs": len(recorded),
+        "runs_measured": len(measured),
+        "mean": clean_float(mean),
+        "p50": clean_float(_mean([r.decode_load["p50"] for r in measured])),
+        "max": clean_float(max((r.decode_load["max"] for r in measured), default=None)),
+        "fraction": clean_float(fraction),
+        "short": fraction is not None and fraction < decode_load.SHORT_FRACTION,
+        "unknown": sorted({_load_unknown(r) for r in recorded if _load_unknown(r)}),
+        "per_run": [
+            {
+                "repetition": r.repetition,
+                "mean": clean_float(r.decode_load.get("mean")),
+                "p50": clean_float(r.decode_load.get("p50")),
+                "max": clean_float(r.decode_load.get("max")),
+                "unknown": _load_unknown(r),
+            }
+            for r in recorded
+        ],
+    }
+
+
+def _load_unknown(run: RunRecord) -> str:
+    """Why a run has no decode load ("" when it has one)."""
+    if run.decode_load.get("measured"):
+        return ""
+    return run.decode_load.get("unknown") or "not measured"
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -502,6 +555,8 @@ def throughput(
         client_bound = arm["client_bound"] or base["client_bound"]
         if client_bound:
             verdict = "no verdict (client-bound)"
+        elif arm["missing_usage"] or base["missing_usage"]:
+            verdict = "no verdict (the server sent no usage)"
         elif not levels:
             verdict = "no verdict (no common levels)"
         elif all(lv["clears_floor"] for lv in levels):
@@ -645,4 +700,33 @@ def analyse(
         "problem_runs": problems,
         "deploy": deploy,
         "stopping": stopping,
+        "families": families_block(arms),
+    }
+
+
+def counted_families(arm: Mapping[str, Any]) -> list[str]:
+    """The detector families an arm's sessions counted as corruption (runs logged before families were
+    configurable counted all of them)."""
+    text = arm["conditions"].get("workload.count")
+    return text.split(",") if text else list(DEFAULT_COUNTED)
+
+
+def families_block(arms: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Which detector families the verdicts count, and per arm the sessions with a finding of each
+    family, the counted ones and those only noted beside (pure)."""
+    counted = sorted({f for a in arms for f in counted_families(a)}, key=list(FAMILIES).index)
+    return {
+        "counted": counted,
+        "same_in_every_arm": len({tuple(counted_families(a)) for a in arms}) <= 1,
+        "by_arm": [
+            {
+                "label": a["label"],
+                "signature": a["signature"],
+                "sessions": a["n"],
+                "counted": {f: a["families"].get(f, 0) for f in counted_families(a)},
+                "noted": {f: a["families"].get(f, 0) for f in FAMILIES if f not in counted_families(a)},
+            }
+            for a in arms
+            if a["families"]
+        ],
     }

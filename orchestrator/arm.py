@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
 from orchestrator.deploy import DeployError, Deployment
 from orchestrator.lease import Holder, LeaseHeld, cluster_leases, held
 from orchestrator.observe import parse_decode_log
@@ -127,6 +128,7 @@ class StressThenBench:
 
         stress_dir = out_dir / "stress"
         w = plan.workload
+        monitor = decode_load_monitor(plan)  # the decode's load while the sessions run
         try:
             settings = StressSettings(
                 url=plan.router_url,
@@ -137,7 +139,8 @@ class StressThenBench:
                 model=plan.served_model,
                 timeout_s=w.timeout_s,
                 out_dir=stress_dir,
-                check_plan=w.check_plan,
+                count=tuple(w.count),
+                tool_choice=w.tool_choice,
             )
             summary = run_stress_sync(
                 settings,
@@ -145,11 +148,15 @@ class StressThenBench:
                     f"{role} is no longer running" if (role := deployment.dead_role()) else None
                 ),
             )
+            decode_load = monitor.stop()
         except BaseException:
+            decode_load = monitor.stop()
             # whatever completed before the interrupt or crash is kept, marked partial by its counts
             tracker.log_stress(summarize_jsonl(stress_dir / "sessions.jsonl", planned=w.sessions), stress_dir)
+            log_decode_load(tracker, decode_load, stress_dir)
             raise
         tracker.log_stress(summary, stress_dir)
+        log_decode_load(tracker, decode_load, stress_dir)
         deployment.check_alive("the stress workload")
         if carries_bench(plan, self.repetition):
             b = plan.bench
@@ -167,6 +174,40 @@ class StressThenBench:
             result = run_bench_sync(config, out_dir=bench_dir)
             tracker.log_bench(result, bench_dir)
             deployment.check_alive("the throughput sweep")
+
+
+# --- the decode's load during the stress run ----------------------------------------------------------
+
+
+def decode_load_monitor(plan: ArmPlan) -> DecodeLoadMonitor:
+    """A started poller of the decode's `/metrics` for this arm's stress run (orchestrator.decode_load),
+    against the sessions the workload runs at once."""
+    host = plan.roles["decode"].host
+    w = plan.workload
+    url = f"http://{host.url_host}:{host.port}/metrics"
+    return DecodeLoadMonitor(url, planned_concurrency(w.sessions, w.concurrency or None)).start()
+
+
+def log_decode_load(tracker: Tracker, load: DecodeLoad, out_dir: Path | None) -> None:
+    """Record the decode's load; never fails the arm (a tracker without `log_decode_load`, such as a
+    test's recorder, skips it)."""
+    if load.measured:
+        log.info(
+            "decode load during the stress run: mean %.1f, p50 %.1f, max %.0f of %d planned (%d samples)%s",
+            load.mean,
+            load.p50,
+            load.max,
+            load.planned,
+            len(load.samples),
+            " - short of the planned concurrency" if load.short else "",
+        )
+    record = getattr(tracker, "log_decode_load", None)
+    if record is None:
+        return
+    try:
+        record(load, out_dir)
+    except Exception as e:
+        log.warning("could not record the decode load: %s", e)
 
 
 # --- signals -------------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from orchestrator.schema import (
     StudyConf,
 )
 from orchestrator.shell import ENV_NAME
+from orchestrator.workload.detect import family_problems
+from orchestrator.workload.tasks import TOOL_CHOICES
 
 # conf/ ships inside the package (a symlink in the repo, real files in a wheel)
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -323,6 +325,11 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
             problems.append(f"study.{key}: {value} must be between 0 and 1")
     if job.workload.sessions < 1 or job.workload.rounds < 1:
         problems.append("workload.sessions and workload.rounds must be >= 1")
+    problems += family_problems("workload.count", list(job.workload.count))
+    if job.workload.tool_choice not in TOOL_CHOICES:
+        problems.append(
+            f"workload.tool_choice: {job.workload.tool_choice!r} is not one of {list(TOOL_CHOICES)}"
+        )
     stopping = job.study.stopping
     if not 1 <= stopping.min_runs_per_arm <= stopping.max_runs_per_arm:
         problems.append(

@@ -96,7 +96,8 @@ def measurement_conditions(workload: StressConf) -> dict[str, str]:
         "workload.rounds": str(workload.rounds),
         "workload.concurrency": str(workload.concurrency),
         "workload.timeout_s": str(float(workload.timeout_s)),
-        "workload.check_plan": str(bool(workload.check_plan)).lower(),
+        "workload.count": ",".join(workload.count),
+        "workload.tool_choice": workload.tool_choice,
     }
 
 

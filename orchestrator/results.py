@@ -84,6 +84,7 @@ class BadTurn:
     detector: str  # the oracle's detector name, e.g. "malformed_json", "wrong_call"
     reason: str  # one line a person can read
     raw: str  # the raw assistant output of that turn (content + tool-call arguments as streamed)
+    family: str = ""  # the detector's family (detect.FAMILIES): structural | plan_drift
 
 
 @dataclass
@@ -94,11 +95,14 @@ class SessionOutcome:
     status: SessionStatus
     rounds: int  # rounds planned
     rounds_done: int  # rounds that completed (validated) before the session ended
-    bad_turn: BadTurn | None = None  # set when status == "corrupted"
+    bad_turn: BadTurn | None = None  # set when status == "corrupted": a finding of a counted family
     error: str | None = None  # set when status == "errored" (HTTP status, timeout, reset, ...)
     turn_latency_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # findings of families the run does not count: recorded, and the session went on past them
+    noted: list[BadTurn] = field(default_factory=list)
+    usage_missing_turns: int = 0  # turns whose stream carried no usage block (tokens unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,7 +112,12 @@ class SessionOutcome:
         data = dict(data)
         bad = data.get("bad_turn")
         data["bad_turn"] = BadTurn(**bad) if bad else None
+        data["noted"] = [BadTurn(**n) for n in data.get("noted") or ()]
         return cls(**data)
+
+    def findings(self) -> list[BadTurn]:
+        """Every finding of the session: the counted one that ended it, then those noted beside."""
+        return [*([self.bad_turn] if self.bad_turn is not None else []), *self.noted]
 
 
 @dataclass
@@ -120,10 +129,18 @@ class StressSummary:
     planned: int  # sessions the run meant to do; > sessions when interrupted (partial)
     by_detector: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
+    # sessions with at least one finding of each family, counted or only noted
+    by_family: dict[str, int] = field(default_factory=dict)
+    usage_missing_turns: int = 0
 
     @property
     def partial(self) -> bool:
         return self.sessions < self.planned
+
+    @property
+    def measured(self) -> int:
+        """Sessions that reached an outcome the oracle judged (clean or corrupted)."""
+        return self.clean + self.corrupted
 
 
 @dataclass
@@ -164,9 +181,15 @@ class BenchResult:
 
     @property
     def client_bound(self) -> bool:
-        """True when the self-audit found the client may have been the bottleneck (or tokens went
-        uncounted) at any level: no throughput verdict then. `timing:` notes do not count."""
-        return any(w.startswith(("client:", "usage:")) for level in self.levels for w in level.warnings)
+        """True when the self-audit found the client may have been the bottleneck at any level: no
+        throughput verdict then. `timing:` notes do not count, nor the server's missing usage."""
+        return any(w.startswith("client:") for level in self.levels for w in level.warnings)
+
+    @property
+    def missing_usage(self) -> int:
+        """Responses whose stream carried no usage block: the server's doing. Their tokens are not
+        counted, so a sweep with any gives no throughput verdict either."""
+        return sum(level.missing_usage for level in self.levels)
 
 
 @dataclass

@@ -256,8 +256,12 @@ class StressConf:
     concurrency: int | None = None
     seed: int = 0
     timeout_s: float = 120.0
-    # the "lost the plot" detector: a valid call that is not the task's expected call
-    check_plan: bool = True
+    # the detector families whose findings count as corruption (structural, plan_drift: see
+    # workload/detect.py); the others are counted per arm and shown beside. Default: what the original
+    # hunt counted, both ("loses the plot": nonsensical or incomplete tool calls)
+    count: list[str] = field(default_factory=lambda: ["structural", "plan_drift"])
+    # auto | required | plan (force, each round, the call the plan expects next)
+    tool_choice: str = "auto"
 
 
 @dataclass

@@ -19,8 +19,12 @@ Layout in MLflow (experiment = the study's name):
   Metrics: first the arm's outcome, `arm.corrupted`, `arm.sessions` (sessions with an outcome), `arm.rate`
   and its exact interval `arm.rate_ci_low|high` (the `arm.` names sort first in MLflow's alphabetical
   tables, and `arm.rate` is logged first, so the compare view's chart plots it); then `sessions_total`,
-  `sessions_clean|errored|planned`, `detector.<name>`, `tok_s.c<C>`, `concurrency.c<C>` (achieved),
-  `ttft_p50_s.c<C>` ..., `startup_s.<role>`, `capture_batches`, `eager_batches`.
+  `sessions_clean|errored|planned`, `detector.<name>` (the counted finding that ended a session),
+  `family.<family>` (sessions with a finding of that detector family, counted or noted beside),
+  `usage_missing_turns`, `tok_s.c<C>`, `concurrency.c<C>` (achieved),
+  `ttft_p50_s.c<C>` ..., `startup_s.<role>`, `capture_batches`, `eager_batches`,
+  `decode_load.planned|mean|p50|max|samples` (the decode's load during the stress run as its /metrics
+  reported it, against the planned concurrency; tags `decode_load` measured|unknown, `decode_load_unknown`).
   Artifacts: `launch/launch.json` (per role: argv, flags, and origin: which factor level, the deployment
   or the cluster set each env var and flag), the resolved config, `stress/` (sessions.jsonl, summary.json,
   corrupted/), `bench/bench.json`, `logs/`, `failure/`.
@@ -49,12 +53,14 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from orchestrator import decode_load
 from orchestrator.analysis import LevelSample, RunRecord
 from orchestrator.plan import ArmPlan, arm_label, flag_words
 from orchestrator.redact import redact_env, redact_text
 from orchestrator.results import BenchResult, LogFacts, StressSummary
 from orchestrator.schema import StudyConf, TrackingConf
 from orchestrator.stats import clopper_pearson
+from orchestrator.workload.detect import FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +462,10 @@ class ArmTracker:
             "stress_duration_s": summary.duration_s,
         }
         metrics |= {f"detector.{name}": count for name, count in summary.by_detector.items()}
+        # every family, counted or only noted: sessions with at least one finding of it (0 logged too,
+        # so an arm without drift reads 0, not missing)
+        metrics |= {f"family.{name}": summary.by_family.get(name, 0) for name in FAMILIES}
+        metrics["usage_missing_turns"] = summary.usage_missing_turns
         self._metrics(metrics)
         self._outcome_logged = True
         self._flush_startup()
@@ -493,6 +503,7 @@ class ArmTracker:
         self._tags(
             {
                 "client_bound": str(result.client_bound).lower(),
+                "missing_usage": str(result.missing_usage),
                 "bench": "logged",
                 **({"bench_warnings": "; ".join(warnings)} if warnings else {}),
             }
@@ -517,6 +528,26 @@ class ArmTracker:
                 "server_ready": int(facts.ready),
             }
         )
+
+    def log_decode_load(self, load: decode_load.DecodeLoad, out_dir: Path | None) -> None:
+        """The decode's load during the stress run (orchestrator.decode_load): metrics
+        `decode_load.planned` (the planned concurrency) and, when measured, `decode_load.mean|p50|max|
+        samples`; tag `decode_load` (measured | unknown) and `decode_load_unknown` (why); the samples
+        as `stress/decode_load.json`."""
+        self._metrics(load.metrics())
+        tags = {"decode_load": "measured" if load.measured else "unknown"}
+        if not load.measured:
+            tags["decode_load_unknown"] = load.unknown
+        self._tags(tags)
+        text = json.dumps(load.to_dict(), indent=1) + "\n"
+        if out_dir is not None:  # kept in the job's stress dir too
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(out_dir) / "decode_load.json").write_text(text)
+            self.log_artifact(Path(out_dir) / "decode_load.json", "stress")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "decode_load.json").write_text(text)
+            self.log_artifact(Path(tmp) / "decode_load.json", "stress")
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Upload a file (or a directory's files), with the arm's secret values redacted from text."""
@@ -685,6 +716,8 @@ def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str
         planned=int(metrics.get("sessions_planned", 0)),
         reason=tags.get("failure_reason", ""),
         client_bound=tags.get("client_bound") == "true",
+        missing_usage=int(tags.get("missing_usage") or 0),
+        families={name: int(metrics[f"family.{name}"]) for name in FAMILIES if f"family.{name}" in metrics},
         bench=bench,
         config=config,
         facts={
@@ -693,6 +726,7 @@ def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str
             if k in metrics
         },
         conditions=json.loads(tags.get("conditions") or "{}"),
+        decode_load=decode_load.from_record(metrics, tags),
     )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.decode_load import SHORT_FRACTION
 from orchestrator.shell import command_line
 
 log = logging.getLogger(__name__)
@@ -300,6 +301,84 @@ def arms_section(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def families_section(report: dict[str, Any]) -> list[str]:
+    """Which detector families the verdicts count, and per arm every family's sessions beside."""
+    block = report.get("families") or {}
+    rows = block.get("by_arm") or []
+    if not rows:
+        return []
+    shown = [*block["counted"], *sorted({f for r in rows for f in r["noted"]})]
+    head = ["arm", "sessions", *(f if f in block["counted"] else f"{f} (not counted)" for f in shown)]
+    table = [
+        [r["label"], r["sessions"], *({**r["noted"], **r["counted"]}.get(f, "–") for f in shown)]
+        for r in rows
+    ]
+    lines = [
+        "## Detector families",
+        "",
+        f"The verdicts count {' and '.join(f'`{f}`' for f in block['counted'])} findings as corruption. "
+        "`structural`: what no healthy server emits whatever its model decides (malformed or leaked "
+        "calls, unknown tools, schema breaks, missing calls, repetition, bad UTF-8, truncation). "
+        "`plan_drift`: a well-formed call that is not the plan's next one (model quality against a weak "
+        "model). Sessions with at least one finding of each family:",
+        "",
+        *_table(head, table),
+    ]
+    if not block.get("same_in_every_arm", True):
+        lines += ["", "**Arms counted different families: their rates are not comparable.**"]
+    return lines
+
+
+def decode_load_section(report: dict[str, Any]) -> list[str]:
+    """Per arm, the decode's load during its stress runs against the planned concurrency, and a plain
+    sentence for each arm whose load fell short or is unknown (report.json: `arms[].decode_load`)."""
+    arms = [a for a in report["arms"] if a.get("decode_load")]
+    if not arms:
+        return []
+    head = ["arm", "planned concurrency", "decode load mean", "p50", "max", "of planned", "runs measured"]
+    rows, notes = [], []
+    for a in arms:
+        d = a["decode_load"]
+        rows.append(
+            [
+                a["label"],
+                num(d["planned"]),
+                num(d["mean"], ".1f"),
+                num(d["p50"], ".1f"),
+                num(d["max"]),
+                pct(d["fraction"], 0),
+                f"{d['runs_measured']}/{d['runs']}",
+            ]
+        )
+        if d["short"]:
+            notes.append(
+                f"**{a['label']}** fell short: the decode held {d['mean']:.1f} requests on average against "
+                f"{d['planned']} planned ({pct(d['fraction'], 0)}), so its rate was measured at a lighter "
+                f"load than planned (its sessions spent much of their time away from the decode: a slow or "
+                f"busy client host, the prefill, the network)."
+            )
+        if d["runs_measured"] < d["runs"]:
+            missing = d["runs"] - d["runs_measured"]
+            which = "in every run" if not d["runs_measured"] else f"in {missing} of {d['runs']} runs"
+            notes.append(f"**{a['label']}**: decode load unknown {which} ({'; '.join(d['unknown'])}).")
+    out = [
+        "## Decode load",
+        "",
+        "The decode's load while the stress sessions ran, as its `/metrics` reported it (SGLang's "
+        "`sglang:num_running_reqs` + `sglang:num_queue_reqs`, and the PD decode queues where present; the "
+        "simulated target reports its modelled load there), against the sessions the workload ran at once. "
+        f"The corruption grows with the decode's load: a mean under {SHORT_FRACTION:.0%} of planned falls "
+        "short.",
+        "",
+        *_table(head, rows),
+    ]
+    if notes:
+        out += [*(f"- {note}" for note in notes), ""]
+    else:
+        out += ["Every arm reached its planned concurrency.", ""]
+    return out
+
+
 def _per_run(arm: dict[str, Any]) -> str:
     """`16/60, 9/60, 11/60`: each pooled run's corrupted/n, in repetition order."""
     used = [r for r in arm["runs"] if r["used"]]
@@ -435,6 +514,8 @@ def render_markdown(report: dict[str, Any], tracking_uri: str | None = None) -> 
         hypotheses_section(report),
         stopping_section(report),
         arms_section(report),
+        decode_load_section(report),
+        families_section(report),
         throughput_section(report),
         problem_runs_section(report),
         deploy_section(report),

@@ -247,6 +247,7 @@ def bench_to_dict(result: BenchResult, config: BenchConfig | None = None) -> dic
     """The JSON form: levels as LevelResult dicts, client_bound, and the config that produced them."""
     data: dict[str, Any] = {
         "client_bound": result.client_bound,
+        "missing_usage": result.missing_usage,
         "levels": [asdict(lv) for lv in result.levels],
     }
     if config is not None:
@@ -287,12 +288,19 @@ def format_table(result: BenchResult) -> str:
     )
     lines = [head]
     for lv in result.levels:
+        # tokens come only from the server's usage: none at all means the figure is unknown, not 0
+        tok_s = "n/a" if lv.requests and lv.missing_usage == lv.requests else f"{lv.output_tok_s:.1f}"
         lines.append(
-            f"{lv.concurrency:>4} {lv.requests:>6} {lv.errors:>4} {lv.output_tok_s:>9.1f} "
+            f"{lv.concurrency:>4} {lv.requests:>6} {lv.errors:>4} {tok_s:>9} "
             f"{lv.request_s:>7.2f} {lv.ttft_s.p50:>9.4f} {lv.itl_s.p50:>8.4f} {lv.tpot_s.p50:>9.4f} "
             f"{lv.achieved_concurrency:>8.2f} {lv.client_cpu_s:>6.2f}"
         )
         lines.extend(f"     ! {w}" for w in lv.warnings)
+    if result.missing_usage:
+        lines.append(
+            f"the server sent no usage block in {result.missing_usage} response(s): their output tokens "
+            "are unknown (tok/s n/a where none had one); that is the server's doing, not the client's"
+        )
     if result.client_bound:
         lines.append("client may have been the bottleneck: no throughput verdict from this sweep")
     return "\n".join(lines)

@@ -13,11 +13,20 @@ something wrong" (the oracle's business). The rules that keep a dying server out
 counts:
 - a non-200 status, a timeout, a refused/reset connection, a body cut off mid-transfer, or an error
   object inside the stream (SGLang's way of reporting an abort) raise `RequestError`;
+- a connection closed or reset mid-request is `server_gone` only if the server no longer accepts a
+  connection (probed once, right then); a server that is up and cut the stream (a one-request-at-a-time
+  server given a second request, a proxy's idle timeout) is `stream_cut`;
 - a body that ends without `[DONE]` and without any `finish_reason` raises `RequestError`
   ("incomplete_stream"): that is what a killed server looks like on the wire;
 - a body that ends with `[DONE]` but no `finish_reason` is returned (`done=True`,
   `finish_reason=None`): the server closed the stream normally yet never finished the turn, which
   the oracle calls a truncated stream.
+
+Protocol variants read as the same turn: tool calls streamed as `tool_calls` deltas (with or without
+`index`, the name once, repeated, or in pieces) or as the legacy `function_call` delta (OpenAI's
+pre-tools form, which llama-cpp-python streams beside `tool_calls`; used only when the stream carries no
+`tool_calls`, so a server sending both is not read as two calls). A stream with no usage block leaves
+`usage` None: the token counts are unknown, never estimated.
 
 Lifecycle:
     async with open_session(concurrency=64) as session:
@@ -31,6 +40,7 @@ oracle, not a transport error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import time
@@ -38,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import yarl
 
 from orchestrator.results import StreamedToolCall, StreamedTurn
 
@@ -66,8 +77,8 @@ ERROR_KINDS = (
     "http_status",  # the server answered with a non-200 status
     "timeout",  # no complete answer within the turn's timeout
     "connection_refused",  # nothing listening (server not up, or gone before the request)
-    "connection_reset",  # the peer reset the connection
-    "server_gone",  # the connection closed before or during the response body
+    "server_gone",  # the connection closed or reset, and the server no longer accepts connections
+    "stream_cut",  # the server closed or reset the stream, yet still accepts connections
     "incomplete_stream",  # the body ended without [DONE] and without a finish_reason
     "server_error",  # an error object inside the stream (e.g. an abort)
     "protocol",  # the body is not an SSE stream of JSON chunks
@@ -112,6 +123,7 @@ class SSEParser:
         self._data: list[bytes] = []  # data lines of the event being read
         self._raw: list[bytes] = []
         self._calls: dict[int, StreamedToolCall] = {}
+        self._legacy: StreamedToolCall | None = None  # from `function_call` deltas
 
     def feed(self, chunk: bytes, now: float) -> None:
         self._raw.append(chunk)
@@ -129,6 +141,8 @@ class SSEParser:
         turn = self.turn
         turn.raw = b"".join(self._raw)
         turn.tool_calls = [self._calls[i] for i in sorted(self._calls)]
+        if not turn.tool_calls and self._legacy is not None:
+            turn.tool_calls = [self._legacy]
         turn.ended = now
         return turn
 
@@ -186,6 +200,10 @@ class SSEParser:
             for tc in delta.get("tool_calls") or ():
                 self._tool_delta(tc)
                 carried = True
+            legacy = delta.get("function_call")
+            if legacy:
+                self._legacy_delta(legacy)
+                carried = True
             if carried:
                 turn.chunk_times.append(now)
             finish = choice.get("finish_reason")
@@ -201,14 +219,12 @@ class SSEParser:
             call = self._calls[index] = StreamedToolCall(index=index)
         if tc.get("id"):
             call.id = tc["id"]
-        function = tc.get("function") or {}
-        name = function.get("name")
-        # servers differ: the whole name once, the whole name repeated in every delta, or name pieces
-        if name and name != call.name:
-            call.name += name
-        arguments = function.get("arguments")
-        if arguments:
-            call.arguments += arguments
+        _extend_call(call, tc.get("function") or {})
+
+    def _legacy_delta(self, function: Mapping[str, Any]) -> None:
+        if self._legacy is None:
+            self._legacy = StreamedToolCall(index=0)
+        _extend_call(self._legacy, function)
 
     def _index_without_index(self, call_id: str | None) -> int:
         """Some servers omit the index: a known id continues its call, a new id starts one, no id
@@ -221,15 +237,27 @@ class SSEParser:
         return max(self._calls)
 
 
+def _extend_call(call: StreamedToolCall, function: Mapping[str, Any]) -> None:
+    """Add one delta of a call (`function` of a tool_calls delta, or a legacy function_call)."""
+    name = function.get("name")
+    # servers differ: the whole name once, the whole name repeated in every delta, or name pieces
+    if name and name != call.name:
+        call.name += name
+    arguments = function.get("arguments")
+    if arguments:
+        call.arguments += arguments
+
+
 def chat_payload(
     model: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     max_tokens: int = 1024,
     temperature: float = 0.0,
+    tool_choice: Any = "auto",
     **extra: Any,
 ) -> dict[str, Any]:
-    """A streaming chat request body with usage in the stream."""
+    """A streaming chat request body with usage in the stream (`tool_choice` is sent with tools)."""
     payload: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -240,7 +268,7 @@ def chat_payload(
     }
     if tools:
         payload["tools"] = tools
-        payload["tool_choice"] = "auto"
+        payload["tool_choice"] = tool_choice
     payload.update(extra)
     return payload
 
@@ -283,19 +311,46 @@ async def stream_chat(
         kind = "connection_refused" if _errno(e) == errno.ECONNREFUSED else "server_gone"
         raise RequestError(kind, str(e)) from e
     except aiohttp.ServerDisconnectedError as e:
-        raise RequestError("server_gone", f"server disconnected: {e}") from e
+        raise await _closed(endpoint, f"server disconnected: {e}") from e
     except aiohttp.ClientPayloadError as e:
-        raise RequestError("server_gone", f"response body cut off: {e}") from e
-    except (ConnectionResetError, BrokenPipeError) as e:
-        raise RequestError("connection_reset", str(e)) from e
-    except aiohttp.ClientOSError as e:
-        kind = "connection_reset" if _errno(e) in (errno.ECONNRESET, errno.EPIPE) else "server_gone"
-        raise RequestError(kind, str(e)) from e
+        raise await _closed(endpoint, f"response body cut off: {e}") from e
+    except (ConnectionResetError, BrokenPipeError, aiohttp.ClientOSError) as e:
+        raise await _closed(endpoint, f"{type(e).__name__}: {e}") from e
     except aiohttp.ClientError as e:
-        raise RequestError("server_gone", f"{type(e).__name__}: {e}") from e
+        raise await _closed(endpoint, f"{type(e).__name__}: {e}") from e
     if not turn.done and turn.finish_reason is None:
         raise RequestError("incomplete_stream", f"body ended after {len(turn.raw)} bytes without [DONE]")
     return turn
+
+
+#: how long the probe after a closed stream waits for the server's answer
+PROBE_TIMEOUT_S = 5.0
+
+
+async def _closed(endpoint: str, message: str) -> RequestError:
+    """A connection that closed mid-request: `stream_cut` if the server still answers HTTP, else
+    `server_gone`. An answer is needed, not just a connection: the kernel completes a TCP handshake on
+    a listening socket by itself, so a dying server's port still accepts for a moment."""
+    if await _answers_http(yarl.URL(endpoint)):
+        return RequestError("stream_cut", f"{message}; the server is still up (it cut the stream)")
+    return RequestError("server_gone", f"{message}; the server no longer answers")
+
+
+async def _answers_http(url: yarl.URL) -> bool:
+    """Whether `url`'s server sends an HTTP status line (any status) to a GET within PROBE_TIMEOUT_S."""
+    writer = None
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(url.host, url.port)
+            writer.write(f"GET / HTTP/1.1\r\nHost: {url.host}\r\nConnection: close\r\n\r\n".encode())
+            return (await reader.readline()).startswith(b"HTTP/")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
 
 def _errno(error: BaseException) -> int | None:

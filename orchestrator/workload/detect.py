@@ -35,6 +35,10 @@ class Finding:
     detector: str
     reason: str
 
+    @property
+    def family(self) -> str:
+        return family_of(self.detector)
+
 
 # --- text hygiene -----------------------------------------------------------------------------
 
@@ -259,6 +263,34 @@ STRUCTURAL: tuple[tuple[str, Callable[[StreamedTurn], str | None]], ...] = (
     ("missing_tool_call", missing_tool_call),
 )
 DETECTORS: tuple[str, ...] = (*(name for name, _ in STRUCTURAL), "wrong_call")
+
+#: The families of detectors. `structural`: what no healthy server emits, whatever its model decides
+#: (the corruption a heisenbug brings). `plan_drift`: a well-formed call that is not the plan's next
+#: one; against a weak model that is model quality, present in every arm, so a study may count it
+#: apart. The original hunt counted both ("loses the plot": nonsensical or incomplete tool calls).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "structural": tuple(name for name, _ in STRUCTURAL),
+    "plan_drift": ("wrong_call",),
+}
+DEFAULT_COUNTED: tuple[str, ...] = tuple(FAMILIES)
+
+
+def family_of(detector: str) -> str:
+    """The family a detector belongs to (ValueError for a name that is not a detector)."""
+    for family, names in FAMILIES.items():
+        if detector in names:
+            return family
+    raise ValueError(f"unknown detector {detector!r}: one of {list(DETECTORS)}")
+
+
+def family_problems(where: str, families: object) -> list[str]:
+    """Why `families` is not a valid, non-empty list of detector families (empty list: it is)."""
+    if isinstance(families, str) or not isinstance(families, (list, tuple)) or not families:
+        return [f"{where}: {families!r} must be a non-empty list of families from {list(FAMILIES)}"]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        return [f"{where}: {unknown} not a detector family; accepted: {list(FAMILIES)}"]
+    return []
 
 
 def check_turn(

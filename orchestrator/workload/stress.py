@@ -13,7 +13,15 @@ Outputs, under `out_dir`:
   session completes, so a crash or a kill keeps every finished session;
 - `summary.json`: the `StressSummary` plus `partial`, errors by kind and the run's settings;
 - `corrupted/<session_id>.json`: the conversation up to the bad turn and that turn in full
-  (content, reasoning, tool calls, the raw SSE body).
+  (content, reasoning, tool calls, the raw SSE body);
+- `transcripts/<session_id>.json` (with `keep_transcripts`): every turn of every session, each with
+  its finding, so the oracle's calls can be checked by hand or by a test.
+
+Detector families (detect.FAMILIES): `count` says which end a session as corrupted (default: all, as
+the original hunt counted). A finding of another family (say `plan_drift` against a weak model, whose
+well-formed calls stray from the plan) is noted in the outcome, counted per family in the summary, and
+the session goes on. A run where no session reached an outcome (all errored) says so in its summary's
+`warnings` and the CLI exits 1; so does a server that sends no usage block (token counts unknown).
 
 Interruption (Ctrl-C, or the caller cancelling the task): sessions still in flight are *left out*
 (no JSONL line: they have no outcome), `summary.json` is written with `planned` > `sessions`
@@ -41,8 +49,23 @@ from typing import Any, TextIO
 
 from orchestrator.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
 from orchestrator.workload.client import RequestError, chat_payload, open_session, stream_chat
-from orchestrator.workload.detect import check_turn
-from orchestrator.workload.tasks import TOOLS, Task, initial_messages, make_task, tool_result
+from orchestrator.workload.detect import (
+    DEFAULT_COUNTED,
+    FAMILIES,
+    Finding,
+    check_turn,
+    family_of,
+    family_problems,
+)
+from orchestrator.workload.tasks import (
+    TOOL_CHOICES,
+    TOOLS,
+    Task,
+    initial_messages,
+    make_task,
+    tool_choice_for,
+    tool_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +112,11 @@ def turn_record(turn: StreamedTurn) -> dict[str, Any]:
 
 
 def summarize(outcomes: list[SessionOutcome], planned: int, duration_s: float) -> StressSummary:
-    """Counts by status and by detector (pure)."""
+    """Counts by status, by detector of the counted finding, and by family of any finding (pure)."""
     status = Counter(o.status for o in outcomes)
     detectors = Counter(o.bad_turn.detector for o in outcomes if o.bad_turn is not None)
+    # a session counts once per family; lines written before families were recorded: from the detector
+    families = Counter(f for o in outcomes for f in {b.family or family_of(b.detector) for b in o.findings()})
     return StressSummary(
         sessions=len(outcomes),
         clean=status["clean"],
@@ -100,7 +125,25 @@ def summarize(outcomes: list[SessionOutcome], planned: int, duration_s: float) -
         planned=planned,
         by_detector=dict(sorted(detectors.items())),
         duration_s=duration_s,
+        by_family={f: families[f] for f in FAMILIES if families[f]},
+        usage_missing_turns=sum(o.usage_missing_turns for o in outcomes),
     )
+
+
+def run_warnings(summary: StressSummary, turns: int) -> list[str]:
+    """What a person must know before reading the counts (pure): nothing measured, tokens unknown."""
+    out = []
+    if summary.sessions and not summary.measured:
+        out.append(
+            f"no session reached an outcome: all {summary.errored} errored, so nothing was measured "
+            "(see errored by kind)"
+        )
+    if summary.usage_missing_turns:
+        out.append(
+            f"the server sent no usage block in {summary.usage_missing_turns} of {turns} turns: token "
+            "counts are unknown for those (the server's doing, not the client's)"
+        )
+    return out
 
 
 def read_outcomes(path: str | Path) -> list[SessionOutcome]:
@@ -141,7 +184,10 @@ class StressSettings:
     seed: int = 0  # session i's task is make_task(seed, i, rounds)
     model: str = "default"  # the served model name sent in each request
     timeout_s: float = 120.0  # per turn, first byte to last
-    check_plan: bool = True  # the wrong_call detector (the target is expected to follow the plan)
+    # the detector families whose findings end a session as corrupted; the others are noted beside
+    count: tuple[str, ...] = DEFAULT_COUNTED
+    tool_choice: str = "auto"  # one of TOOL_CHOICES
+    keep_transcripts: bool = False  # transcripts/<session>.json for every session, not only corrupted
     max_tokens: int = DEFAULT_MAX_TOKENS
     progress: bool | None = None  # live display on stderr; None: exactly when stderr is a terminal
     watch_interval_s: float = 2.0  # how often `server_gone` is polled
@@ -149,6 +195,12 @@ class StressSettings:
     def __post_init__(self) -> None:
         if self.sessions < 1 or self.rounds < 1:
             raise ValueError(f"sessions and rounds must be >= 1: {self.sessions}, {self.rounds}")
+        if self.tool_choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice: {self.tool_choice!r} is not one of {list(TOOL_CHOICES)}")
+        problems = family_problems("count", list(self.count))
+        if problems:
+            raise ValueError(problems[0])
+        object.__setattr__(self, "count", tuple(self.count))
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     @property
@@ -166,50 +218,86 @@ class StressSettings:
             "seed": self.seed,
             "model": self.model,
             "timeout_s": self.timeout_s,
-            "check_plan": self.check_plan,
+            "count": list(self.count),
+            "tool_choice": self.tool_choice,
             "max_tokens": self.max_tokens,
         }
 
 
-async def run_session(
-    http: Any, settings: StressSettings, task: Task
-) -> tuple[SessionOutcome, dict[str, Any] | None]:
-    """One session to its end; returns its outcome and, when corrupted, its transcript."""
+@dataclass
+class SessionRun:
+    """What one session leaves: its outcome, the corrupted turn's transcript (when it ended corrupted)
+    and, when transcripts are kept, every turn with its finding."""
+
+    outcome: SessionOutcome
+    corrupted: dict[str, Any] | None = None
+    transcript: dict[str, Any] | None = None
+
+
+def finding_record(finding: Finding | None) -> list[dict[str, str]]:
+    if finding is None:
+        return []
+    return [{"detector": finding.detector, "family": finding.family, "reason": finding.reason}]
+
+
+async def run_session(http: Any, settings: StressSettings, task: Task) -> SessionRun:
+    """One session to its end: it ends at the first finding of a counted family (corrupted), at the
+    first transport failure (errored) or after its rounds (clean); a finding of a family the run does
+    not count is noted and the session goes on with the call the model made."""
     rounds = settings.rounds
     messages = initial_messages(task)
     outcome = SessionOutcome(session_id=task.task_id, status="clean", rounds=rounds, rounds_done=0)
+    turns: list[dict[str, Any]] | None = [] if settings.keep_transcripts else None
+
+    def transcript(error: str | None = None) -> dict[str, Any] | None:
+        if turns is None:
+            return None
+        return {"session_id": task.task_id, "status": outcome.status, "error": error, "turns": turns}
+
     for r in range(rounds):
+        expected = task.expected(r)
         payload = chat_payload(
-            settings.model, messages, TOOLS, max_tokens=settings.max_tokens, temperature=0.0
+            settings.model,
+            messages,
+            TOOLS,
+            max_tokens=settings.max_tokens,
+            temperature=0.0,
+            tool_choice=tool_choice_for(settings.tool_choice, expected),
         )
         try:
             turn = await stream_chat(http, settings.url, payload, timeout=settings.timeout_s)
         except RequestError as e:
             outcome.status, outcome.error = "errored", f"{e.kind}: {e.message} (round {r})"[:500]
-            return outcome, None
+            return SessionRun(outcome, transcript=transcript(outcome.error))
         outcome.turn_latency_s.append(round(turn.latency_s, 6))
         outcome.prompt_tokens += turn.prompt_tokens
         outcome.completion_tokens += turn.completion_tokens
-        finding = check_turn(turn, task.expected(r), check_plan=settings.check_plan)
+        outcome.usage_missing_turns += turn.usage is None
+        finding = check_turn(turn, expected, check_plan=True)
+        if turns is not None:
+            turns.append({"round_index": r, **turn_record(turn), "findings": finding_record(finding)})
         if finding is not None:
-            outcome.status = "corrupted"
-            outcome.bad_turn = BadTurn(r, finding.detector, finding.reason, raw_output(turn))
-            transcript = {
-                "session_id": task.task_id,
-                "task": {"task_id": task.task_id, "steps": [s.as_json() for s in task.steps]},
-                "messages": messages,
-                "bad_turn": {
-                    "round_index": r,
-                    "detector": finding.detector,
-                    "reason": finding.reason,
-                    **turn_record(turn),
-                },
-            }
-            return outcome, transcript
+            bad = BadTurn(r, finding.detector, finding.reason, raw_output(turn), finding.family)
+            if finding.family in settings.count:
+                outcome.status, outcome.bad_turn = "corrupted", bad
+                corrupted = {
+                    "session_id": task.task_id,
+                    "task": {"task_id": task.task_id, "steps": [s.as_json() for s in task.steps]},
+                    "messages": messages,
+                    "bad_turn": {
+                        "round_index": r,
+                        "detector": finding.detector,
+                        "family": finding.family,
+                        "reason": finding.reason,
+                        **turn_record(turn),
+                    },
+                }
+                return SessionRun(outcome, corrupted, transcript())
+            outcome.noted.append(bad)
         messages.append(assistant_message(turn))
         messages.extend(tool_messages(task, r, turn))
         outcome.rounds_done = r + 1
-    return outcome, None
+    return SessionRun(outcome, transcript=transcript())
 
 
 class _Outputs:
@@ -220,15 +308,18 @@ class _Outputs:
         self.planned = planned
         out_dir.mkdir(parents=True, exist_ok=True)
         self.corrupted_dir = out_dir / "corrupted"
+        self.transcripts_dir = out_dir / "transcripts"
         self.outcomes: list[SessionOutcome] = []
         self._jsonl: TextIO = (out_dir / "sessions.jsonl").open("w", encoding="utf-8")
         self._progress = _Progress(planned) if progress else None
 
-    def record(self, outcome: SessionOutcome, transcript: dict[str, Any] | None) -> None:
-        if transcript is not None:
-            self.corrupted_dir.mkdir(exist_ok=True)
-            # ensure_ascii: lone surrogates (invalid UTF-8 evidence) stay representable
-            (self.corrupted_dir / f"{outcome.session_id}.json").write_text(json.dumps(transcript, indent=1))
+    def record(self, run: SessionRun) -> None:
+        outcome = run.outcome
+        # ensure_ascii: lone surrogates (invalid UTF-8 evidence) stay representable
+        for folder, document in ((self.corrupted_dir, run.corrupted), (self.transcripts_dir, run.transcript)):
+            if document is not None:
+                folder.mkdir(exist_ok=True)
+                (folder / f"{outcome.session_id}.json").write_text(json.dumps(document, indent=1))
         self._jsonl.write(json.dumps(outcome.to_dict()) + "\n")
         self._jsonl.flush()
         self.outcomes.append(outcome)
@@ -240,10 +331,14 @@ class _Outputs:
         if self._progress is not None:
             self._progress.stop()
         summary = summarize(self.outcomes, self.planned, duration_s)
+        turns = sum(len(o.turn_latency_s) for o in self.outcomes)
         document = {
             **asdict(summary),
             "partial": summary.partial,
             "by_error": errors_by_kind(self.outcomes),
+            "counted_families": settings["count"],
+            "turns": turns,
+            "warnings": run_warnings(summary, turns),
             "settings": settings,
         }
         (self.out_dir / "summary.json").write_text(json.dumps(document, indent=1) + "\n")
@@ -329,24 +424,27 @@ class _StressRun:
             await asyncio.wait({session, aborted}, return_when=asyncio.FIRST_COMPLETED)
             aborted.cancel()
             if session.done():
-                outcome, transcript = session.result()
+                run = session.result()
             else:
                 session.cancel()
                 await asyncio.gather(session, return_exceptions=True)
-                outcome = SessionOutcome(
-                    task.task_id, "errored", settings.rounds, 0, error=f"server_gone: {self.gone_reason}"
+                run = SessionRun(
+                    SessionOutcome(
+                        task.task_id, "errored", settings.rounds, 0, error=f"server_gone: {self.gone_reason}"
+                    )
                 )
-                transcript = None
-            self.outputs.record(outcome, transcript)
+            self.outputs.record(run)
 
-    async def one_session(self, http: Any, task: Task) -> tuple[SessionOutcome, dict[str, Any] | None]:
+    async def one_session(self, http: Any, task: Task) -> SessionRun:
         try:
             return await run_session(http, self.settings, task)
         except Exception as e:  # a client bug must not pass for corruption nor kill the run
             log.exception("session %s failed in the client", task.task_id)
-            return SessionOutcome(
-                task.task_id, "errored", self.settings.rounds, 0, error=f"client_error: {e!r}"[:500]
-            ), None
+            return SessionRun(
+                SessionOutcome(
+                    task.task_id, "errored", self.settings.rounds, 0, error=f"client_error: {e!r}"[:500]
+                )
+            )
 
 
 def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
@@ -412,13 +510,42 @@ def format_summary(document: dict[str, Any]) -> str:
         f" in {document['duration_s']:.1f}s: clean {document['clean']}, corrupted {document['corrupted']}, "
         f"errored {document['errored']}",
     ]
-    if document["sessions"]:
-        lines.append(f"corruption rate {document['corrupted'] / document['sessions']:.1%}")
+    measured = document["clean"] + document["corrupted"]
+    counted = document.get("counted_families") or list(DEFAULT_COUNTED)
+    if measured:
+        lines.append(
+            f"corruption rate {document['corrupted'] / document['sessions']:.1%} "
+            f"(counting {', '.join(counted)})"
+        )
+    else:
+        lines.append("corruption rate n/a: no session reached an outcome")
     for name, count in document.get("by_detector", {}).items():
         lines.append(f"  corrupted by {name}: {count}")
+    for family, count in document.get("by_family", {}).items():
+        if family not in counted:
+            lines.append(f"  {family} (not counted) in {count} session(s)")
     for kind, count in document.get("by_error", {}).items():
         lines.append(f"  errored by {kind}: {count}")
+    lines.extend(f"WARNING: {w}" for w in document.get("warnings", ()))
     return "\n".join(lines)
+
+
+def _settings_from(args: argparse.Namespace) -> StressSettings:
+    return StressSettings(
+        url=args.url,
+        out_dir=Path(args.out),
+        sessions=args.sessions,
+        rounds=args.rounds,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        model=args.model,
+        timeout_s=args.timeout,
+        count=tuple(f.strip() for f in args.count.split(",") if f.strip()),
+        tool_choice=args.tool_choice,
+        keep_transcripts=args.keep_transcripts,
+        max_tokens=args.max_tokens,
+        progress=False if args.quiet else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,31 +563,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: all)")
     parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds per turn")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    parser.add_argument("--no-plan-check", action="store_true", help="disable the wrong_call detector")
+    parser.add_argument(
+        "--count",
+        default=",".join(DEFAULT_COUNTED),
+        help=f"detector families that count as corruption, comma-separated from {','.join(FAMILIES)}; "
+        "the others are reported beside (default: all)",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        choices=TOOL_CHOICES,
+        default=defaults.tool_choice,
+        help="auto: the model decides; required: force some call; plan: force the call the plan expects",
+    )
+    parser.add_argument(
+        "--keep-transcripts", action="store_true", help="write transcripts/<session>.json for every session"
+    )
     parser.add_argument("--quiet", action="store_true", help="no live progress")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    settings = StressSettings(
-        url=args.url,
-        out_dir=Path(args.out),
-        sessions=args.sessions,
-        rounds=args.rounds,
-        concurrency=args.concurrency,
-        seed=args.seed,
-        model=args.model,
-        timeout_s=args.timeout,
-        check_plan=not args.no_plan_check,
-        max_tokens=args.max_tokens,
-        progress=False if args.quiet else None,
-    )
+    try:
+        settings = _settings_from(args)
+    except ValueError as e:
+        parser.error(str(e))
     interrupted = False
     try:
-        run_stress_sync(settings)
+        summary = run_stress_sync(settings)
     except KeyboardInterrupt:
         interrupted = True
     print(format_summary(json.loads((settings.out_dir / "summary.json").read_text())))
     print(f"outputs: {settings.out_dir.resolve()}")
-    return 130 if interrupted else 0
+    if interrupted:
+        return 130
+    return 0 if summary.measured else 1  # a run that measured nothing must not pass for clean
 
 
 if __name__ == "__main__":

@@ -169,6 +169,18 @@ class Task:
         return self.steps[round_index] if round_index < len(self.steps) else None
 
 
+#: `auto`: the model decides; `required`: some tool call is forced; `plan`: the call the plan expects
+#: next is forced by name (a model that makes no call unless forced can still be measured).
+TOOL_CHOICES = ("auto", "required", "plan")
+
+
+def tool_choice_for(mode: str, expected: ToolCall | None) -> Any:
+    """The request's `tool_choice` for a round whose plan expects `expected` (None: the plan is done)."""
+    if mode == "plan":
+        return {"type": "function", "function": {"name": expected.name}} if expected else "auto"
+    return mode
+
+
 def make_task(seed: int, session_index: int, rounds: int) -> Task:
     """A task of `rounds` steps, deterministic in (seed, session_index)."""
     rng = random.Random(f"{seed}:{session_index}")

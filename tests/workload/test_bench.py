@@ -25,6 +25,7 @@ from orchestrator.workload.bench import (
     _one_request,
     bench_from_dict,
     bench_to_dict,
+    format_table,
     load_bench,
     request_payload,
     run_bench_sync,
@@ -154,7 +155,14 @@ def test_response_without_usage_is_counted_not_estimated(sim_url: str):
     assert (level.requests, level.missing_usage, level.output_tokens) == (2, 2, 0)
     assert level.request_tokens == []
     assert any(w.startswith("usage:") for w in level.warnings)
-    assert BenchResult(levels=[level]).client_bound
+    # the server's doing, not the client's: no throughput verdict, and the table says who is to blame
+    result = BenchResult(levels=[level])
+    assert result.missing_usage == 2 and not result.client_bound
+    table = format_table(result)
+    row = table.splitlines()[1].split()
+    assert row[3] == "n/a", table  # the tok/s column: unknown, not 0.0
+    assert "server sent no usage block in 2 response(s)" in table and "not the client's" in table
+    assert "client may have been the bottleneck" not in table
 
 
 def test_duration_mode_keeps_the_loop_closed_until_the_deadline(sim_url: str):

@@ -54,18 +54,29 @@ def test_summarize_counts_by_status_and_detector():
         SessionOutcome("c", "corrupted", 2, 0, bad_turn=BadTurn(0, "wrong_call", "r", "x")),
         SessionOutcome("d", "corrupted", 2, 0, bad_turn=BadTurn(0, "malformed_json", "r", "x")),
         SessionOutcome("e", "errored", 2, 0, error="timeout: x"),
+        # plan drift noted twice, not counted: the session went on and stayed clean; once per family
+        SessionOutcome(
+            "f",
+            "clean",
+            2,
+            2,
+            noted=[BadTurn(0, "wrong_call", "r", "x", "plan_drift")] * 2,
+            usage_missing_turns=2,
+        ),
     ]
     summary = summarize(outcomes, planned=7, duration_s=1.5)
     assert summary == StressSummary(
-        sessions=5,
-        clean=1,
+        sessions=6,
+        clean=2,
         corrupted=3,
         errored=1,
         planned=7,
         by_detector={"malformed_json": 2, "wrong_call": 1},
         duration_s=1.5,
+        by_family={"structural": 2, "plan_drift": 2},
+        usage_missing_turns=2,
     )
-    assert summary.partial
+    assert summary.partial and summary.measured == 5
 
 
 def test_settings_refuse_an_empty_run_and_resolve_concurrency(tmp_path):
@@ -101,7 +112,8 @@ def test_healthy_sim_all_clean(sim_server, tmp_path):
         "seed": 5,
         "model": "m",
         "timeout_s": 30.0,
-        "check_plan": True,
+        "count": ["structural", "plan_drift"],
+        "tool_choice": "auto",
         "max_tokens": 1024,
     }
     assert not (out / "corrupted").exists()
@@ -181,7 +193,8 @@ def test_server_killed_mid_run_errors_never_corrupts(start_sim, tmp_path):
     assert summary.sessions == sessions and summary.clean + summary.errored == sessions
     assert summary.errored >= sessions - len(before) - 8  # at most the in-flight ones could still finish
     kinds = read_summary(out)["by_error"]
-    assert set(kinds) <= {"server_gone", "connection_reset", "connection_refused", "incomplete_stream"}
+    # the server is dead: cut streams are `server_gone` (a probe finds nobody listening), never `stream_cut`
+    assert set(kinds) <= {"server_gone", "connection_refused", "incomplete_stream"}
     # sessions were in flight at the kill: some were cut mid-stream, not merely refused afterwards
     assert set(kinds) - {"connection_refused"}, kinds
 
