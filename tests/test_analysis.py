@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,6 +19,7 @@ from orchestrator.analysis import (
     judge,
     pool_arms,
 )
+from orchestrator.report import render_markdown
 
 BASE = {"capture": "graph", "hicache": "on", "index_k": "bf16", "multi_stream": "on"}
 HYPS = (
@@ -187,6 +189,38 @@ def test_client_bound_arm_gets_no_throughput_verdict():
     t = analyse(SPEC, runs)["throughput"][0]
     assert t["levels"][0]["clears_floor"] is True
     assert t["verdict"] == "no verdict (client-bound)"
+
+
+def test_a_server_that_sent_no_usage_gets_no_throughput_verdict_naming_it():
+    lv = (level(8, [64.0] * 20, [1.0] * 20),)
+    base = run({}, 9, 51, bench=lv)
+    arm = dataclasses.replace(run({"multi_stream": "off"}, 0, 60, bench=lv), missing_usage=3)
+    t = analyse(SPEC, [base, arm])["throughput"][0]
+    assert not t["client_bound"] and t["verdict"] == "no verdict (the server sent no usage)"
+
+
+def test_families_per_arm_counted_and_noted_beside():
+    base = dataclasses.replace(
+        run({}, 9, 51),
+        families={"structural": 9, "plan_drift": 4},
+        conditions={"workload.count": "structural"},
+    )
+    fix = dataclasses.replace(
+        run({"multi_stream": "off"}, 0, 60),
+        families={"plan_drift": 5},
+        conditions={"workload.count": "structural"},
+    )
+    report = analyse(SPEC, [base, fix])
+    block = report["families"]
+    assert block["counted"] == ["structural"] and block["same_in_every_arm"]
+    rows = {r["label"]: r for r in block["by_arm"]}
+    assert rows["baseline"]["counted"] == {"structural": 9} and rows["baseline"]["noted"] == {"plan_drift": 4}
+    assert rows["multi_stream=off"]["counted"] == {"structural": 0} and rows["multi_stream=off"]["noted"] == {
+        "plan_drift": 5
+    }
+    text = render_markdown(report)
+    assert "## Detector families" in text and "plan_drift (not counted)" in text
+    assert "| baseline | 60 | 9 | 4 |" in text
 
 
 def test_throughput_falls_back_to_per_run_tok_s():

@@ -484,6 +484,14 @@ class BadInput:
 
 
 BAD_INPUTS = {
+    "unknown detector family": BadInput(
+        ("workload.count=[structural,drift]",),
+        ("workload.count: ['drift'] not a detector family; accepted: ['structural', 'plan_drift']",),
+    ),
+    "unknown tool choice": BadInput(
+        ("workload.tool_choice=always",),
+        ("workload.tool_choice: 'always' is not one of ['auto', 'required', 'plan']",),
+    ),
     "unknown factor": BadInput(
         ("+factor/nosuch=on",), ("factor/nosuch", "accepted factor names", "multi_stream")
     ),

@@ -256,7 +256,9 @@ def test_bench_metrics_and_read_back(cfg_for, tmp_path):
     callback.on_multirun_start(cfg)
     try:
         with ArmTracker.start(job.tracking, job.study, plan, 0, callback.run_id) as tracker:
-            tracker.log_stress(write_stress(tmp_path / "s", 2, 58), tmp_path / "s")
+            summary = write_stress(tmp_path / "s", 2, 58)
+            summary.by_family = {"structural": 2, "plan_drift": 7}
+            tracker.log_stress(summary, tmp_path / "s")
             tracker.log_bench(bench_result(warn=True), None)
     finally:
         callback._ended = True  # no report here; keep the parent open
@@ -282,6 +284,9 @@ def test_bench_metrics_and_read_back(cfg_for, tmp_path):
         run.data.metrics["tok_s.c8"]
     )
     assert rec.factors["multi_stream"] == "on"
+    # every family is logged, counted or noted beside; the run's workload says which count
+    assert rec.families == {"structural": 2, "plan_drift": 7} and rec.missing_usage == 0
+    assert rec.conditions["workload.count"] == "structural,plan_drift"
     assert rec.config["decode"]["env"]["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "1"
     assert "--cuda-graph-max-bs" in rec.config["decode"]["flags"]
 
