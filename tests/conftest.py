@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
 import socket
@@ -43,24 +42,6 @@ def free_port() -> int:
                 continue
         _ISSUED.add(port)
         return port
-
-
-@pytest.fixture(autouse=True)
-def _host_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Tests marked `quiet_host` (their figures depend on how busy the host is: the sim's corruption rate
-    follows the decode load the client reaches) run alone; the others share the host two at a time. A
-    readers-writer lock over the xdist workers (flock on files in the session's shared temp dir); the
-    turnstile keeps new tests from overtaking a quiet one that waits."""
-    root = tmp_path_factory.getbasetemp().parent
-    exclusive = request.node.get_closest_marker("quiet_host") is not None
-    with open(root / "host.turnstile", "a") as turnstile, open(root / "host.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,11 +5,33 @@ sleep the modelled step time for the running batch (captured graph up to `--cuda
 eager above it or everywhere with `--disable-cuda-graph`), then advance every running request by
 one token. There is no per-request sleep: throughput and latency come from the batch, as on a GPU.
 When a planned tool-call request joins the batch, the fault model's rule for (prefill config,
-decode config) gives the probability, over the decode's load (requests held: running, queued or
-receiving KV), that its output is corrupted, and with which shape. A rule with `restart_icc` has its
-start's draw made once, when the engine is built at server start-up (`faults.draw_restart_quantiles`),
-and shifts that probability for the whole life of the process. All sleeps are multiplied by the time
-scale.
+decode config) gives the probability, over the decode's *modelled load*, that its output is
+corrupted, and with which shape. A rule with `restart_icc` has its start's draw made once, when the
+engine is built at server start-up (`faults.draw_restart_quantiles`), and shifts that probability for
+the whole life of the process. All sleeps are multiplied by the time scale.
+
+The modelled load of a turn (`DecodeEngine.modelled_load`) is the largest of
+- the running batch,
+- the requests the decode holds (running, queued, or still receiving their KV), and
+- the tool-calling sessions open on the decode, as a turn at this turn's round sees them (`SessionLoad`).
+Why sessions: on a GPU the client's turnaround between turns (oracle, JSON, the next request) is
+negligible next to decode time, so every open session is in the decode's batch nearly all the time. The
+sim compresses GPU time (the time scale), which makes that client time comparable to the modelled GPU
+time: counting only the requests held let the load, and with it the corruption rate, follow how fast
+and how busy the host was (issue 17: the same study gave 8.9% on a loaded 2-core host, 20% idle).
+Counting open sessions makes it follow the workload's concurrency.
+
+A session is known by its conversation (the task id of its first user message, `session_turn`). It is
+open from its first turn until its last planned round ends, until a turn of it fails or is corrupted
+(the client stops there), or until it has been silent for `HEISENHUNT_SIM_SESSION_IDLE_S` wall seconds
+(default 10: longer than a client's turnaround between two turns, on a loaded host too). A session
+that ended at round k still counts, for the same window, in the load of turns at rounds <= k: in the
+modelled timeline (no client time) the sessions of a workload advance round by round together, so it
+was still in the batch when a slow client's laggard reached that round; unless a new session has taken
+its place since (a client that keeps C sessions at once starts the next when one ends: the load stays
+C). `HEISENHUNT_SIM_SESSION_IDLE_S=0` counts a session only while the decode holds one of its turns:
+the load model before issue 17. The decode's `/metrics` and `/server_info` report the modelled load as
+the next turn of the session furthest behind would see it (`modelled_load_now`).
 
 The prefill loop takes queued prompts up to `--chunked-prefill-size` tokens per batch and sleeps the
 modelled prefill time of the batch.
@@ -19,8 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import math
 import random
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +57,133 @@ from orchestrator.sim.faults import FaultModel, RoleConfig, Rule, draw_restart_q
 from orchestrator.workload import tasks
 
 log = logging.getLogger("sglang.sim.scheduler")
+
+SESSION_IDLE_ENV = "HEISENHUNT_SIM_SESSION_IDLE_S"
+DEFAULT_SESSION_IDLE_S = 10.0
+# the first user message of a stress session: "Task <task id>: perform the following plan ..."
+_TASK_RE = re.compile(r"^Task (\S+?):")
+
+
+def parse_session_idle(raw: str | None) -> float:
+    """`HEISENHUNT_SIM_SESSION_IDLE_S`: wall seconds a silent session stays open (unset: 10)."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_SESSION_IDLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(
+            f"{SESSION_IDLE_ENV} must be a finite number of seconds >= 0 (0: a session counts only while "
+            f"the decode holds one of its requests), got {raw!r}"
+        )
+    return value
+
+
+def session_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[str, int, bool] | None:
+    """(session key, round index, whether it is the last planned round) for a turn of a planned
+    tool-calling session, or None for any other request. The key is the task id of the first user
+    message (a digest of that message when it names none); the round is the number of tool results so
+    far."""
+    if not isinstance(messages, list | tuple) or not all(isinstance(m, Mapping) for m in messages):
+        return None
+    plan = tasks.parse_plan(messages)
+    if not plan:
+        return None
+    round_index = tasks.rounds_done(messages)
+    if round_index >= len(plan):
+        return None  # the plan is done: the closing DONE turn is no planned round
+    users = (m.get("content") for m in messages if m.get("role") == "user")
+    first = next(c for c in users if isinstance(c, str))  # the message parse_plan read the plan from
+    found = _TASK_RE.match(first)
+    key = found.group(1) if found else hashlib.sha256(first.encode("utf-8", "replace")).hexdigest()[:16]
+    return key, round_index, round_index == len(plan) - 1
+
+
+class SessionLoad:
+    """The tool-calling sessions open on the decode, as a turn at a given round sees them. Pure: the
+    clock is injected.
+
+    `begin(key, round)` when a turn of session `key` reaches the decode (before its KV arrives);
+    `end(key, round, last)` when that turn's response is over, `last` when the session ends with it
+    (its last planned round, or a turn that failed or was corrupted: the client stops there).
+
+    `open(round)` counts, for a turn at round `round` joining now:
+    - the sessions the decode holds a turn of;
+    - the sessions between two turns, for up to `idle_s` seconds after their last turn ended (a silent
+      session is gone after that: its client left);
+    - the sessions that ended at a round >= `round`, for up to `idle_s` seconds, unless a new session
+      has replaced them since (a session opening at round 0 takes the place of the latest one that
+      ended: its client moved on to the next session).
+    The last rule is the modelled timeline: with no client time between turns (a GPU's case) the
+    sessions of a workload advance round by round together, so a session that ended at round k was
+    still in the batch of every turn at a round <= k, however late a slow client sends that turn. A
+    turn of no session (`round` None) counts every session the three rules name.
+    A session that goes on after a turn that ended it (a client that notes a finding and carries on)
+    is open again, and no longer counted as ended.
+    `now()`: the load the next turn of the session furthest behind would see (0 when no session is
+    open): what the decode's load gauges report.
+    With `idle_s` 0 only the first rule is left: the sessions the decode holds a turn of.
+    """
+
+    def __init__(self, idle_s: float = DEFAULT_SESSION_IDLE_S, clock: Callable[[], float] = time.monotonic):
+        if not idle_s >= 0:
+            raise ValueError(f"idle_s must be >= 0, got {idle_s!r}")
+        self.idle_s = float(idle_s)
+        self.clock = clock
+        self._held: dict[str, list[int]] = {}  # key -> rounds of its turns the decode holds now
+        self._idle: dict[str, tuple[float, int]] = {}  # key -> (when its last turn ended, next round)
+        # (when, last round, key) of the sessions that ended, oldest first
+        self._ended: list[tuple[float, int, str]] = []
+        self.opened = 0  # sessions seen opening (a key that starts over at round 0 counts again)
+        self.max_open = 0  # the largest `now()` seen at a turn's start
+
+    def begin(self, key: str, round_index: int) -> None:
+        self._expire()
+        resumed = [i for i, (_, _, k) in enumerate(self._ended) if k == key and round_index > 0]
+        if resumed:  # it went on after a turn that looked like its end (e.g. a finding the client notes)
+            del self._ended[resumed[-1]]
+        elif key not in self._held and key not in self._idle:
+            self.opened += 1
+            if round_index == 0 and self._ended:
+                self._ended.pop()  # a new session in the place of the latest one that ended
+        self._held.setdefault(key, []).append(round_index)
+        self._idle.pop(key, None)
+        self.max_open = max(self.max_open, self.now())
+
+    def end(self, key: str, round_index: int, last: bool) -> None:
+        rounds = self._held.get(key)
+        if not rounds:
+            return
+        if round_index in rounds:
+            rounds.remove(round_index)
+        else:
+            rounds.pop()
+        if rounds:
+            return
+        del self._held[key]
+        if self.idle_s > 0:
+            if last:
+                self._ended.append((self.clock(), round_index, key))
+            else:
+                self._idle[key] = (self.clock(), round_index + 1)
+
+    def open(self, round_index: int | None = None) -> int:
+        self._expire()
+        ended = sum(1 for _, last, _ in self._ended if round_index is None or last >= round_index)
+        return len(self._held) + len(self._idle) + ended
+
+    def now(self) -> int:
+        self._expire()
+        behind = [min(r) for r in self._held.values()] + [r for _, r in self._idle.values()]
+        return self.open(min(behind)) if behind else 0
+
+    def _expire(self) -> None:
+        horizon = self.clock() - self.idle_s
+        for key in [k for k, (t, _) in self._idle.items() if t < horizon]:
+            del self._idle[key]
+        while self._ended and self._ended[0][0] < horizon:
+            self._ended.pop(0)
 
 
 @dataclass
@@ -46,6 +198,7 @@ class SimCounters:
     max_batch: int = 0  # largest running batch seen
     planned_turns: int = 0  # tool-call turns the fault model could corrupt
     planned_load_sum: int = 0  # sum over those turns of the load they joined (mean = sum / turns)
+    max_load: int = 0  # largest modelled load a planned turn joined
     captured_steps: int = 0
     eager_steps: int = 0
     requests: int = 0
@@ -81,6 +234,7 @@ class DecodeRequest:
     aborted: bool = False
     finish_length: bool = False
     batch_at_admission: int = 0
+    session_round: int | None = None  # the round of its tool-calling session (None: of no session)
     shape: str | None = None
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -121,6 +275,8 @@ class DecodeEngine:
         self.waiting: deque[DecodeRequest] = deque()
         self.running: list[DecodeRequest] = []
         self.inflight = 0  # requests held by the server: receiving KV, queued or running
+        # tool-calling sessions open on this decode (the server replaces it to set the idle window)
+        self.sessions = SessionLoad()
         self._wake = asyncio.Event()
         self._stopped = False
         self._log_tokens = 0
@@ -167,11 +323,9 @@ class DecodeEngine:
             batch = len(self.running)
             if batch == 0:
                 continue
-            # the fault's "batch": every request the decode holds now (running, queued, receiving KV);
-            # steadier than the running batch alone, which jitters with arrival timing
-            load = max(batch, self.inflight)
+            # the fault's "batch": the modelled load (module doc), not the running batch alone
             for request in admitted:
-                self._admit(request, load)
+                self._admit(request, self.modelled_load(request.session_round))
             captured = self.graph_enabled and batch <= self.max_graph_bs
             step = self.model.throughput.step_s(batch, captured, self.multi_stream)
             # absolute deadlines: sleep overshoot does not accumulate, but never catch up more than a step
@@ -181,6 +335,18 @@ class DecodeEngine:
             await asyncio.sleep(max(0.0, clock - now))
             await self._device_step(captured)
             self._advance(step, captured, batch)
+
+    def modelled_load(self, round_index: int | None = None) -> int:
+        """The load a request joining the batch now sees (module doc): the largest of the running batch,
+        the requests held (running, queued, receiving KV) and the sessions open on this decode for a
+        turn at `round_index` (`SessionLoad.open`; None: a request of no session)."""
+        return max(len(self.running), self.inflight, self.sessions.open(round_index))
+
+    def modelled_load_now(self) -> int:
+        """The modelled load as the decode's load gauges report it: the largest of the running batch,
+        the requests held, and the sessions the next turn of the session furthest behind would see
+        (`SessionLoad.now`)."""
+        return max(len(self.running), self.inflight, self.sessions.now())
 
     # --- hooks for a decode engine that does real device work (orchestrator.gpu); none here -------
 
@@ -204,6 +370,7 @@ class DecodeEngine:
         if request.reply is not None and request.reply.planned and request.prefill_config is not None:
             self.counters.planned_turns += 1
             self.counters.planned_load_sum += batch
+            self.counters.max_load = max(self.counters.max_load, batch)
             rule = self.model.rule_for(request.prefill_config, self.config)
             if rule is not None and self.rng.random() < self._turn_probability(rule, request, batch):
                 shapes = list(rule.shapes)

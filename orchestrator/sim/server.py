@@ -10,7 +10,16 @@ corrupts tool calls only where its fault model (faults.py) says so.
 
 Environment: `SGLANG_*` as SGLang parses them (envs.py); `HEISENHUNT_SIM_FAULT_MODEL` (path of a
 fault-model YAML; unset = the built-in model); `HEISENHUNT_SIM_TIME_SCALE` (every modelled duration is
-multiplied by it; default 1.0). `/server_info` has a `sim` block with the sim's own counters.
+multiplied by it; default 1.0); `HEISENHUNT_SIM_SESSION_IDLE_S` (wall seconds a silent tool-calling
+session stays open in the modelled load, engine.py; default 10). `/server_info` has a `sim` block with
+the sim's own counters and its modelled load now.
+
+`/metrics` (with `--enable-metrics`, as SGLang) reports the decode's *modelled* load in SGLang's own
+gauges, so a client that polls a real server's load reads the sim's the same way:
+`sglang:num_running_reqs` is the running batch and `sglang:num_queue_reqs` the rest of the modelled load
+(queued, receiving KV, and open sessions between their turns, which a GPU would hold in its batch);
+their sum is the load the next turn of the session furthest behind would join (`DecodeEngine.
+modelled_load_now`). `heisenhunt_sim:open_sessions` is the sim's own count of open sessions.
 """
 
 from __future__ import annotations
@@ -34,7 +43,16 @@ from aiohttp import web
 from orchestrator.sim import agent
 from orchestrator.sim.args import parse_args
 from orchestrator.sim.bootstrap import BootstrapClient, BootstrapFailed, BootstrapState
-from orchestrator.sim.engine import DecodeEngine, DecodeRequest, PrefillEngine, SimCounters
+from orchestrator.sim.engine import (
+    SESSION_IDLE_ENV,
+    DecodeEngine,
+    DecodeRequest,
+    PrefillEngine,
+    SessionLoad,
+    SimCounters,
+    parse_session_idle,
+    session_turn,
+)
 from orchestrator.sim.envs import effective_env
 from orchestrator.sim.faults import FaultModel, FaultModelError, RoleConfig, load_fault_model
 
@@ -115,6 +133,7 @@ class SimServer:
         self.decode = decode_engine_class(environ.get(DECODE_ENGINE_ENV))(
             model, self.config, scale, self.counters, self.rng, args.decode_log_interval
         )
+        self.decode.sessions = SessionLoad(parse_session_idle(environ.get(SESSION_IDLE_ENV)))
         self.prefill = PrefillEngine(
             model.throughput.prefill_s, scale, self.counters, args.chunked_prefill_size
         )
@@ -261,6 +280,11 @@ class SimServer:
             "counters": self.counters.to_dict(),
             "decode_engine": self.decode.describe(),
             "running": len(self.decode.running),
+            # the load the fault model uses now (engine.py module doc), and the sessions in it
+            "modelled_load": self.decode.modelled_load_now(),
+            "open_sessions": self.decode.sessions.now(),
+            "sessions_opened": self.decode.sessions.opened,
+            "session_idle_s": self.decode.sessions.idle_s,
             "recent_rooms": list(self.recent_rooms),
         }
         return web.json_response(info)
@@ -308,15 +332,22 @@ class SimServer:
         if not self.args.enable_metrics:
             raise web.HTTPNotFound()
         c, labels = self.counters, f'model_name="{self.model_name}"'
+        # SGLang's load gauges report the *modelled* load (engine.py): running = the running batch,
+        # queue = the rest of it (queued, receiving KV, open sessions between their turns), so that
+        # running + queue is the load the next turn of the session furthest behind would join
+        running = len(self.decode.running)
+        queued = max(len(self.decode.waiting), self.decode.modelled_load_now() - running)
         lines = [
             "# TYPE sglang:generation_tokens_total counter",
             f"sglang:generation_tokens_total{{{labels}}} {c.tokens_generated}",
             "# TYPE sglang:prompt_tokens_total counter",
             f"sglang:prompt_tokens_total{{{labels}}} {c.prompt_tokens}",
             "# TYPE sglang:num_running_reqs gauge",
-            f"sglang:num_running_reqs{{{labels}}} {len(self.decode.running)}",
+            f"sglang:num_running_reqs{{{labels}}} {running}",
             "# TYPE sglang:num_queue_reqs gauge",
-            f"sglang:num_queue_reqs{{{labels}}} {len(self.decode.waiting)}",
+            f"sglang:num_queue_reqs{{{labels}}} {queued}",
+            "# TYPE heisenhunt_sim:open_sessions gauge",
+            f"heisenhunt_sim:open_sessions{{{labels}}} {self.decode.sessions.now()}",
             "# TYPE sglang:gen_throughput gauge",
             f"sglang:gen_throughput{{{labels}}} {c.last_gen_throughput:.3f}",
             "# TYPE sglang:cuda_graph_passes_total counter",
@@ -351,16 +382,50 @@ class SimServer:
         prompt_tokens = estimate_prompt_tokens(messages, tools)
         if self.mode == "prefill":
             return await self._prefill(request, body, prompt_tokens, chat=True)
+        turn = session_turn(messages)
+        if turn is None:
+            return (await self._chat_decode(request, body, messages, tools, max_tokens, prompt_tokens))[0]
+        # a turn of a tool-calling session: the session is open on this decode from now (engine.py)
+        key, round_index, last_round = turn
+        self.decode.sessions.begin(key, round_index)
+        ends = True  # a turn that fails (or is cut off) ends its session: the client stops there
+        try:
+            response, req = await self._chat_decode(
+                request, body, messages, tools, max_tokens, prompt_tokens, round_index
+            )
+            ends = (
+                last_round
+                or req is None
+                or req.shape is not None  # corrupted: the client's oracle stops the session here
+                or req.aborted
+                or response.status != 200
+            )
+            return response
+        finally:
+            self.decode.sessions.end(key, round_index, ends)
+
+    async def _chat_decode(
+        self,
+        request: web.Request,
+        body: Mapping[str, Any],
+        messages: list,
+        tools: list | None,
+        max_tokens: Any,
+        prompt_tokens: int,
+        session_round: int | None = None,
+    ) -> tuple[web.StreamResponse, DecodeRequest | None]:
+        """The decode's (or a null server's) side of a chat: the hand-off, then the generation."""
         handoff, problem = await self._handoff(body, prompt_tokens)
         if problem is not None:
-            return problem
+            return problem, None
         reply = agent.decide_reply(messages, tools, body.get("tool_choice", "auto"))
         tokens = agent.render(reply, max_tokens, bool(body.get("ignore_eos")))
         req = self._submit(reply, tokens, max_tokens, prompt_tokens, handoff, messages, tools)
+        req.session_round = session_round  # before the decode loop runs again: it admits on our yield
         rid = f"{uuid.uuid4().hex}"
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._chat_stream(request, req, rid, include_usage)
+            return await self._chat_stream(request, req, rid, include_usage), req
         await req.event.wait()
         while not req.done:
             req.event.clear()
@@ -390,7 +455,7 @@ class SimServer:
                 ],
                 "usage": self._usage(req),
             }
-        )
+        ), req
 
     async def _chat_stream(
         self, request: web.Request, req: DecodeRequest, rid: str, include_usage: bool
@@ -717,6 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level)
     try:
         scale = parse_time_scale(os.environ.get(TIME_SCALE_ENV))
+        parse_session_idle(os.environ.get(SESSION_IDLE_ENV))
         model = load_fault_model(os.environ.get(FAULT_MODEL_ENV) or None)
     except (ValueError, FaultModelError) as e:
         log.error("%s", e)

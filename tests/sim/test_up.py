@@ -10,17 +10,27 @@ import sys
 import time
 
 from orchestrator.workload.stress import StressSettings, run_stress_sync
+from tests.conftest import free_port
 
 
 def _free_run_of_ports(count: int = 5) -> int:
-    """A base port with `count` free ports from it (the router's and the four after it)."""
+    """A base port with `count` free ports from it (the router's and the four after it), below the
+    ephemeral range (conftest.free_port): a port there is never the local port of an outgoing
+    connection, which no connect() check sees but which makes the bind fail."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65000 and all(_free(base + i) for i in range(count)):
+        base = free_port()
+        if all(_bindable(base + i) for i in range(1, count)):
             return base
     raise RuntimeError("no run of free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _free(port: int) -> bool:
