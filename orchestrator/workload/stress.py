@@ -43,12 +43,18 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
-from orchestrator.workload.client import RequestError, chat_payload, open_session, stream_chat
+from orchestrator.workload.client import (
+    RequestError,
+    _dumps,
+    open_session,
+    run_sync,
+    stream_body,
+)
 from orchestrator.workload.detect import (
     DEFAULT_COUNTED,
     FAMILIES,
@@ -74,7 +80,9 @@ DEFAULT_MAX_TOKENS = 1024
 
 def assistant_message(turn: StreamedTurn) -> dict[str, Any]:
     """The turn as it goes back into the conversation (reasoning is not sent back, as DeepSeek asks)."""
-    message: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
+    # "" rather than null beside tool calls: OpenAI takes either, but some servers (llama-cpp-python's
+    # request model) reject a null content with HTTP 500, which would end every session at round 1
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
     if turn.tool_calls:
         message["tool_calls"] = [call.as_message() for call in turn.tool_calls]
     return message
@@ -240,6 +248,37 @@ def finding_record(finding: Finding | None) -> list[dict[str, str]]:
     return [{"detector": finding.detector, "family": finding.family, "reason": finding.reason}]
 
 
+class RequestBody:
+    """A session's request bodies, serialised incrementally: the fixed parts (model, tools, options)
+    and every message already sent are kept as JSON bytes, and each round serialises only the messages
+    added since the last one. `body(tool_choice)` is byte for byte what `stream_chat` sends for
+    `chat_payload(model, messages, TOOLS, max_tokens=..., temperature=0.0, tool_choice=...)`."""
+
+    def __init__(self, settings: StressSettings, messages: list[dict[str, Any]]):
+        self._head = b'{"model":' + _dumps(settings.model) + b',"messages":['
+        options = (
+            b'],"stream":true,"stream_options":{"include_usage":true},"max_tokens":'
+            + _dumps(settings.max_tokens)
+            + b',"temperature":'
+            + _dumps(0.0)
+        )
+        self._tail = options + (b',"tools":' + _dumps(TOOLS) + b',"tool_choice":' if TOOLS else b"")
+        self._sent = bytearray()  # the messages serialised so far, comma-separated
+        self._pending = list(messages)  # added since: serialised when the next body is built
+
+    def add(self, message: dict[str, Any]) -> None:
+        self._pending.append(message)
+
+    def body(self, tool_choice: Any) -> bytes:
+        for message in self._pending:
+            if self._sent:
+                self._sent += b","
+            self._sent += _dumps(message)
+        self._pending.clear()
+        end = _dumps(tool_choice) + b"}" if TOOLS else b"}"
+        return b"".join((self._head, self._sent, self._tail, end))
+
+
 async def run_session(http: Any, settings: StressSettings, task: Task) -> SessionRun:
     """One session to its end: it ends at the first finding of a counted family (corrupted), at the
     first transport failure (errored) or after its rounds (clean); a finding of a family the run does
@@ -254,18 +293,13 @@ async def run_session(http: Any, settings: StressSettings, task: Task) -> Sessio
             return None
         return {"session_id": task.task_id, "status": outcome.status, "error": error, "turns": turns}
 
+    # the request of round r is chat_payload(model, messages, TOOLS, ...), serialised incrementally
+    request = RequestBody(settings, messages)
     for r in range(rounds):
         expected = task.expected(r)
-        payload = chat_payload(
-            settings.model,
-            messages,
-            TOOLS,
-            max_tokens=settings.max_tokens,
-            temperature=0.0,
-            tool_choice=tool_choice_for(settings.tool_choice, expected),
-        )
+        body = request.body(tool_choice_for(settings.tool_choice, expected))
         try:
-            turn = await stream_chat(http, settings.url, payload, timeout=settings.timeout_s)
+            turn = await stream_body(http, settings.url, body, timeout=settings.timeout_s)
         except RequestError as e:
             outcome.status, outcome.error = "errored", f"{e.kind}: {e.message} (round {r})"[:500]
             return SessionRun(outcome, transcript=transcript(outcome.error))
@@ -294,10 +328,22 @@ async def run_session(http: Any, settings: StressSettings, task: Task) -> Sessio
                 }
                 return SessionRun(outcome, corrupted, transcript())
             outcome.noted.append(bad)
-        messages.append(assistant_message(turn))
-        messages.extend(tool_messages(task, r, turn))
+        for message in (assistant_message(turn), *tool_messages(task, r, turn)):
+            messages.append(message)
+            request.add(message)
         outcome.rounds_done = r + 1
     return SessionRun(outcome, transcript=transcript())
+
+
+_OUTCOME_FIELDS = tuple(f.name for f in fields(SessionOutcome))
+
+
+def outcome_dict(outcome: SessionOutcome) -> dict[str, Any]:
+    """`outcome.to_dict()` without its deep copy (the line is serialised at once): the same dict."""
+    document = {name: getattr(outcome, name) for name in _OUTCOME_FIELDS}
+    document["bad_turn"] = asdict(outcome.bad_turn) if outcome.bad_turn is not None else None
+    document["noted"] = [asdict(n) for n in outcome.noted]
+    return document
 
 
 class _Outputs:
@@ -320,7 +366,7 @@ class _Outputs:
             if document is not None:
                 folder.mkdir(exist_ok=True)
                 (folder / f"{outcome.session_id}.json").write_text(json.dumps(document, indent=1))
-        self._jsonl.write(json.dumps(outcome.to_dict()) + "\n")
+        self._jsonl.write(json.dumps(outcome_dict(outcome)) + "\n")
         self._jsonl.flush()
         self.outcomes.append(outcome)
         if self._progress is not None:
@@ -379,8 +425,9 @@ class _Progress:
 class _StressRun:
     """One run's shared state: the next session to start, the abort signal and its reason, the outputs.
 
-    `concurrency` workers take sessions in index order until all have started or the watchdog aborts;
-    each records its session's outcome as soon as it ends.
+    `concurrency` workers take sessions in index order until all have started or the watchdog aborts
+    (it then cancels the sessions in flight, which end as errored); each records its session's outcome
+    as soon as it ends.
     """
 
     def __init__(
@@ -392,6 +439,7 @@ class _StressRun:
         self.next_index = 0
         self.abort = asyncio.Event()
         self.gone_reason = ""
+        self.in_flight: set[asyncio.Future[SessionRun]] = set()  # the sessions running now
 
     async def run(self) -> None:
         watcher = asyncio.ensure_future(self.watchdog()) if self.server_gone is not None else None
@@ -412,6 +460,8 @@ class _StressRun:
                 self.gone_reason = reason
                 log.error("stress: %s; ending the sessions in flight as errored", reason)
                 self.abort.set()
+                for session in list(self.in_flight):
+                    session.cancel()
                 return
 
     async def worker(self, http: Any) -> None:
@@ -420,19 +470,21 @@ class _StressRun:
             index, self.next_index = self.next_index, self.next_index + 1
             task = make_task(settings.seed, index, settings.rounds)
             session = asyncio.ensure_future(self.one_session(http, task))
-            aborted = asyncio.ensure_future(self.abort.wait())
-            await asyncio.wait({session, aborted}, return_when=asyncio.FIRST_COMPLETED)
-            aborted.cancel()
-            if session.done():
-                run = session.result()
-            else:
-                session.cancel()
-                await asyncio.gather(session, return_exceptions=True)
+            self.in_flight.add(session)
+            try:
+                run = await session
+            except asyncio.CancelledError:
+                # the watchdog ended the session (the server is gone), unless this worker is cancelled
+                current = asyncio.current_task()
+                if not (session.cancelled() and self.abort.is_set()) or (current and current.cancelling()):
+                    raise
                 run = SessionRun(
                     SessionOutcome(
                         task.task_id, "errored", settings.rounds, 0, error=f"server_gone: {self.gone_reason}"
                     )
                 )
+            finally:
+                self.in_flight.discard(session)
             self.outputs.record(run)
 
     async def one_session(self, http: Any, task: Task) -> SessionRun:
@@ -497,9 +549,9 @@ async def run_stress(
 def run_stress_sync(
     settings: StressSettings, server_gone: Callable[[], str | None] | None = None
 ) -> StressSummary:
-    """`run_stress` in a fresh event loop; Ctrl-C writes the partial outputs, then raises
-    KeyboardInterrupt."""
-    return asyncio.run(run_stress(settings, server_gone))
+    """`run_stress` in a fresh event loop (uvloop's where installed: client.loop_factory); Ctrl-C
+    writes the partial outputs, then raises KeyboardInterrupt."""
+    return run_sync(run_stress(settings, server_gone))
 
 
 def format_summary(document: dict[str, Any]) -> str:

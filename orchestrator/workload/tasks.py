@@ -213,10 +213,14 @@ def _random_step(rng: random.Random) -> ToolCall:
 def user_prompt(task: Task) -> str:
     """The user message that states the plan, in words and as a parseable JSON block."""
     lines = [f"Task {task.task_id}: perform the following plan, one tool call per turn, in order."]
+    # each step's arguments serialised once, for its line and for the plan: the plan is exactly
+    # json.dumps([s.as_json() for s in task.steps], sort_keys=True) ("arguments" sorts before "name")
+    entries = []
     for i, step in enumerate(task.steps, 1):
-        lines.append(f"{i}. call {step.name} with {json.dumps(dict(step.arguments), sort_keys=True)}")
-    plan = json.dumps([s.as_json() for s in task.steps], sort_keys=True)
-    lines.append(f"<plan>{plan}</plan>")
+        arguments = json.dumps(dict(step.arguments), sort_keys=True)
+        lines.append(f"{i}. call {step.name} with {arguments}")
+        entries.append(f'{{"arguments": {arguments}, "name": {json.dumps(step.name)}}}')
+    lines.append(f"<plan>[{', '.join(entries)}]</plan>")
     return "\n".join(lines)
 
 
@@ -227,9 +231,24 @@ def initial_messages(task: Task) -> list[dict[str, Any]]:
 def tool_result(task: Task, round_index: int) -> str:
     """A deterministic synthetic tool output for the call of round `round_index` (grows the context)."""
     step = task.steps[round_index]
-    rng = random.Random(f"{task.task_id}:{round_index}")
-    body = " ".join(rng.choice(_WORDS) for _ in range(40))
+    body = " ".join(_choices(random.Random(f"{task.task_id}:{round_index}"), _WORDS, 40))
     return f"[{step.name} ok] {json.dumps(dict(step.arguments), sort_keys=True)}\n{body}"
+
+
+def _choices(rng: random.Random, words: Sequence[str], k: int) -> list[str]:
+    """`[rng.choice(words) for _ in range(k)]`, the same words from the same generator state, without a
+    method call per word: `choice` takes `_randbelow(len(words))`, i.e. getrandbits(bit_length) until
+    the value is below the length (tests/workload/test_fast_paths.py checks the two agree)."""
+    n = len(words)
+    bits = n.bit_length()
+    getrandbits = rng.getrandbits
+    out = []
+    for _ in range(k):
+        r = getrandbits(bits)
+        while r >= n:
+            r = getrandbits(bits)
+        out.append(words[r])
+    return out
 
 
 def conversation_after(task: Task, rounds_done: int) -> list[dict[str, Any]]:
