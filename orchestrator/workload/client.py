@@ -231,6 +231,42 @@ class SSEParser:
         for line in lines:
             self._line(line, now)
 
+    def _feed_slice(self, data: bytes, start: int, end: int, now: float) -> None:
+        """`feed(data[start:end], now)`, reading the most common piece in place: one event of one data
+        line (`data: X` LF LF) that the template covers (see `_event_data`), sliced once for the raw
+        body and once for its string."""
+        template = self._template
+        if (
+            template is not None
+            and not self._buffer
+            and not self._data
+            and data.startswith(b"data: ", start)
+            and data.find(b"\n", start, end) == end - 2
+            and data[end - 1] == 10
+            and data[end - 3] != 13  # a CR before the LFs is a line end (general path)
+        ):
+            prefix, suffix, sink, call, name = template
+            first, last = start + 6 + len(prefix), end - 2 - len(suffix)
+            if (
+                first < last
+                and data.startswith(prefix, start + 6)
+                and data.endswith(suffix, first, end - 2)
+                and (call is None or not name or name == call.name)
+            ):
+                try:
+                    text = _loads_bytes(data[first:last])
+                except ValueError:
+                    text = None
+                if type(text) is str:
+                    self._raw.append(data[start:end])
+                    if text:
+                        sink.append(text)
+                        self.turn.chunk_times.append(now)
+                    elif call is not None:  # a tool_calls delta carries, even with no new text
+                        self.turn.chunk_times.append(now)
+                    return
+        self.feed(data[start:end], now)
+
     def finish(self, now: float) -> StreamedTurn:
         """End of body: dispatch what is pending and return the turn."""
         if self._buffer:  # the last line, without a newline, ends here
@@ -845,9 +881,9 @@ class _Connection(asyncio.Protocol):
                     except ValueError:
                         break
                     end = eol + 2 + length
-                    if length <= 0 or end + 2 > size or data[end : end + 2] != b"\r\n":
+                    if length <= 0 or end + 2 > size or not data.startswith(b"\r\n", end):
                         break
-                    parser.feed(data[eol + 2 : end], now)
+                    parser._feed_slice(data, eol + 2, end, now)
                     pos = end + 2
                     if pos == size:
                         return

@@ -328,9 +328,10 @@ async def run_session(http: Any, settings: StressSettings, task: Task) -> Sessio
                 }
                 return SessionRun(outcome, corrupted, transcript())
             outcome.noted.append(bad)
-        for message in (assistant_message(turn), *tool_messages(task, r, turn)):
-            messages.append(message)
-            request.add(message)
+        if r + 1 < rounds:  # the conversation goes on: the turn and its tool results join it
+            for message in (assistant_message(turn), *tool_messages(task, r, turn)):
+                messages.append(message)
+                request.add(message)
         outcome.rounds_done = r + 1
     return SessionRun(outcome, transcript=transcript())
 
