@@ -60,6 +60,7 @@ from orchestrator.redact import redact_env, redact_text
 from orchestrator.results import BenchResult, LogFacts, StressSummary
 from orchestrator.schema import StudyConf, TrackingConf
 from orchestrator.stats import clopper_pearson
+from orchestrator.workload.bench import bench_to_dict
 from orchestrator.workload.detect import FAMILIES
 
 log = logging.getLogger(__name__)
@@ -514,8 +515,7 @@ class ArmTracker:
             return
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp) / "bench.json"
-            data = {"client_bound": result.client_bound, "levels": [asdict(lv) for lv in result.levels]}
-            tmp_path.write_text(json.dumps(data, indent=1))
+            tmp_path.write_text(json.dumps(bench_to_dict(result), indent=1))
             self.log_artifact(tmp_path, "bench")
 
     def log_facts(self, facts: LogFacts) -> None:
