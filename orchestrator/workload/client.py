@@ -58,7 +58,9 @@ import errno
 import gc
 import json
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -137,16 +139,64 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 GC_YOUNG_THRESHOLD = 20_000
 
 
+#: the signals `run_sync` turns into a cancellation of its main task (when a Python handler wants them)
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _interrupt_handlers() -> dict[int, Callable[..., Any]]:
+    """The interrupt signals whose current handler is Python code (the arm's teardown handler, or
+    Python's own KeyboardInterrupt for SIGINT), by number. Signals left at the default or ignored are
+    not touched: they keep doing what they did. Only the main thread may install signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = {sig: signal.getsignal(sig) for sig in INTERRUPT_SIGNALS}
+    return {int(sig): h for sig, h in handlers.items() if callable(h)}
+
+
 def run_sync(coro: Any) -> Any:
-    """`asyncio.run(coro)` on `loop_factory()`'s loop (same semantics: a fresh loop, closed after, and
-    Ctrl-C cancels the main task, then raises KeyboardInterrupt). While it runs, the garbage collector's
-    youngest threshold is raised to GC_YOUNG_THRESHOLD (where collection is on), then put back."""
+    """`asyncio.run(coro)` on `loop_factory()`'s loop: a fresh loop, closed after. While it runs, the
+    garbage collector's youngest threshold is raised to GC_YOUNG_THRESHOLD (where collection is on).
+
+    Interrupts: a SIGINT or SIGTERM whose handler is Python code cancels the main task (so the coroutine
+    writes what it has, as run_stress does), then that handler is called as the signal would have
+    called it, so it raises KeyboardInterrupt as the caller expects. Why not let the handler raise in
+    the loop: it raises in whatever code runs at that moment, and uvloop, unlike asyncio, turns an
+    exception raised inside a protocol callback into that one connection's loss and carries on, so the
+    interrupt ended a single session and the run went on."""
     thresholds = gc.get_threshold()
     if gc.isenabled() and 0 < thresholds[0] < GC_YOUNG_THRESHOLD:
         gc.set_threshold(GC_YOUNG_THRESHOLD, *thresholds[1:])
+    handlers = _interrupt_handlers()
+    received: list[int] = []
+    main: list[asyncio.Task] = []
+
+    async def _main() -> Any:
+        main.append(asyncio.current_task())  # type: ignore[arg-type]
+        return await coro
+
+    def _on_signal(signum: int) -> None:
+        received.append(signum)
+        if main:
+            main[0].cancel()
+
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(coro)
+            loop = runner.get_loop()
+            for signum in handlers:
+                loop.add_signal_handler(signum, _on_signal, signum)
+            try:
+                result = runner.run(_main())
+            except asyncio.CancelledError:
+                if not received:
+                    raise
+            finally:
+                for signum, handler in handlers.items():
+                    loop.remove_signal_handler(signum)
+                    signal.signal(signum, handler)
+        if not received:
+            return result
+        handlers[received[0]](received[0], None)  # raises KeyboardInterrupt, as the signal would have
+        raise KeyboardInterrupt(f"signal {received[0]}")  # a handler that returned: still interrupted
     finally:
         gc.set_threshold(*thresholds)
 
