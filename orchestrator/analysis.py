@@ -39,6 +39,10 @@ Verdicts (hypothesis: baseline arm vs the arm that differs only in the hypothesi
 - inconclusive: anything else (missing arm, too few sessions, or a significant *increase*), with the
   sessions per arm that would find a difference of the margin with 80% power (`stats.sessions_needed`
   at alpha / number of hypotheses, the strictest step of Holm, times the design effect).
+
+Minimal cause (`minimal_cause`, from `cause.minimal_cause` over every arm of the baseline's conditions,
+not only the hypotheses' pairs): each arm corrupting, clean or undetermined against the same ceiling,
+the smallest conjunctions of factor levels consistent with them, and what the design cannot tell.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import decode_load, sequential, stats
+from orchestrator import cause, ddmin, decode_load, sequential, stats
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
@@ -640,6 +644,51 @@ def headline(
     return text
 
 
+def ddmin_deploy(
+    search: Mapping[str, Any], arms: Sequence[dict[str, Any]], tput: Sequence[dict[str, Any]], spec: StudySpec
+) -> dict[str, Any] | None:
+    """A ddmin study's arm to deploy: the bad configuration without the minimal set, once it was run
+    and found clean; with its throughput verdict against the good configuration (the baseline)."""
+    if search["deploy"] is None or not search["done"]:
+        return None
+    trial = next((t for t in search["trials"] if t["role"] == "deploy"), None)
+    if trial is None or trial["verdict"] != ddmin.CLEAN:
+        return None
+    ids = [d.id for d in spec.ddmin.differences]
+    arm = find_arm(arms, ddmin.levels_of(frozenset(search["deploy"]), ids))
+    if arm is None:
+        return None
+    t = next((t for t in tput if t["arm"] == arm["signature"]), None)
+    return {
+        "arm": arm["signature"],
+        "label": ddmin.describe_subset(frozenset(search["deploy"]), ids),
+        "hypothesis": None,
+        "factors": arm["factors"],
+        "throughput_verdict": t["verdict"] if t else "no throughput data",
+        "config": arm["config"],
+    }
+
+
+def ddmin_headline(search: Mapping[str, Any], deploy: Mapping[str, Any] | None) -> str:
+    n = len(search["differences"])
+    if not search["done"]:
+        return f"Delta debugging over {n} differences stopped before it ended: {search['outcome']}."
+    if search["minimal"] is None:
+        return f"Delta debugging over {n} differences: {search['outcome']}."
+    names = ", ".join(search["minimal"])
+    text = (
+        f"Minimal cause: {names} ({len(search['minimal'])} of {n} differences; error bound "
+        f"{search['error_bound']:.3f}, {search['error_bound_covers']})."
+    )
+    if deploy:
+        text += (
+            f" Fix: deploy the bad configuration without them (throughput: {deploy['throughput_verdict']})."
+        )
+    else:
+        text += f" {search['outcome'][0].upper()}{search['outcome'][1:]}."
+    return text
+
+
 def analyse(
     spec: StudySpec,
     runs: Sequence[RunRecord],
@@ -669,6 +718,9 @@ def analyse(
             row["verdict"] = decided["verdict"]
     tput = throughput(runs, arms, spec, conditions)
     deploy = choose_deploy(arms, hyps, tput)
+    search = ddmin.report_block(spec, runs, run_used) if spec.ddmin.differences else None
+    if search is not None:
+        deploy = ddmin_deploy(search, arms, tput, spec)
     # failed, interrupted, or with errored sessions (a server that died mid-workload): listed with why,
     # with their counts; only FINISHED runs with complete outcomes are pooled (`used`)
     problems = [
@@ -685,13 +737,23 @@ def analyse(
                 f"outcomes not pooled ({p['corrupted']} corrupted, {p['clean']} clean): "
                 "an interrupted run over-represents corrupted sessions"
             )
+    base_arm = find_arm(arms, spec.baseline, conditions=conditions)
+    minimal = cause.minimal_cause(
+        arms,
+        spec,
+        between.icc,
+        conditions=base_arm["conditions"] if base_arm else conditions,
+        design=(context or {}).get("design"),
+    )
     for arm in arms:
         arm["rate"], arm["upper_bound"] = clean_float(arm["rate"]), clean_float(arm["upper_bound"])
     return {
         "schema": 1,
         "study": spec.to_dict(),
         "context": dict(context or {}),
-        "headline": headline(spec, arms, hyps, deploy, conditions),
+        "headline": ddmin_headline(search, deploy)
+        if search
+        else headline(spec, arms, hyps, deploy, conditions),
         "confidence": stats.CONFIDENCE,
         "between_runs": between_summary(between),
         "arms": arms,
@@ -701,6 +763,8 @@ def analyse(
         "deploy": deploy,
         "stopping": stopping,
         "families": families_block(arms),
+        "ddmin": search,
+        "minimal_cause": minimal,
     }
 
 

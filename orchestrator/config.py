@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import schema
-from orchestrator.plan import arm_problems
+from orchestrator.plan import BAD, GOOD, arm_problems
 from orchestrator.schema import (
     ROLES,
     ClusterHosts,
@@ -69,6 +69,11 @@ def register_configs() -> None:
 
 # `${python:}` in a host's `python`: the interpreter running the orchestrator (for local hosts)
 OmegaConf.register_new_resolver("python", lambda: sys.executable, replace=True)
+# `${package_file:sim/x.yaml}`: the absolute path of a file shipped in this package, wherever it is
+# installed and whatever the working directory (e.g. a fault model for the embedded default)
+OmegaConf.register_new_resolver(
+    "package_file", lambda relative: str(Path(__file__).resolve().parent / relative), replace=True
+)
 register_configs()
 
 
@@ -125,6 +130,14 @@ def load_job(cfg: DictConfig, runtime: HydraRuntime | None = None) -> JobConf:
             problems.append(f"{getattr(e, 'full_key', '') or key}: {getattr(e, 'msg', e)}")
     if problems:
         raise ConfigError(problems)
+    study: StudyConf = with_good_baseline(typed["study"], cfg)
+    if study.ddmin.differences or cfg.get("ddmin_subset") is not None:
+        applied = cfg.get("ddmin_subset")
+        found, problems = difference_levels(study, None if applied is None else list(applied), factors)
+        if problems:
+            raise ConfigError(problems)
+        factors |= found
+        known = {**known, **{d.id: list(DIFFERENCE_LEVELS) for d in study.ddmin.differences}}
     job = JobConf(
         factors=factors,
         repetition=int(cfg.get("repetition", 0)),
@@ -143,6 +156,16 @@ def study_of(cfg: DictConfig) -> StudyConf:
     """The typed study of a composed config (for the sweep's parent run, before any job is planned)."""
     study = OmegaConf.to_object(cfg.study)
     assert isinstance(study, StudyConf)
+    return with_good_baseline(study, cfg)
+
+
+def with_good_baseline(study: StudyConf, cfg: DictConfig) -> StudyConf:
+    """A ddmin study's baseline is its good configuration: the factor levels this config composes (every
+    difference at `good`), whatever `study.baseline` says of factors, so the good arm is the baseline of
+    the report and of the throughput ratios."""
+    if study.ddmin.differences:
+        for name, node in (cfg.get("factor") or {}).items():
+            study.baseline[str(name)] = str(node.get("level"))
     return study
 
 
@@ -197,7 +220,7 @@ def sweep_design(config: DictConfig, adhoc: bool) -> str:
     sweeper = config.hydra.get("sweeper") or {}
     task = list(OmegaConf.select(config, "hydra.overrides.task") or [])
     cli_sweeps = any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(task))
-    if sweeper.get("params") or adhoc or cli_sweeps:
+    if sweeper.get("params") or adhoc or cli_sweeps or sweeper.get("design") == "ddmin":
         return str(sweeper.get("design") or "factorial")
     return str(sweeper.get("default_design") or "?")
 
@@ -213,6 +236,79 @@ def unknown_groups(cfg: DictConfig, known: Mapping[str, list[str]]) -> list[str]
                 f"{key}: unknown config group {key!r} (option {cfg[key]!r}); accepted "
                 f"{group} names: {accepted}"
             )
+    return problems
+
+
+# a difference of a ddmin study is a two-level factor: not applied (good) or applied (bad)
+DIFFERENCE_LEVELS = (GOOD, BAD)
+DIFFERENCE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+def difference_levels(
+    study: StudyConf, applied: Sequence[str] | None, factors: Mapping[str, SelectedLevel]
+) -> tuple[dict[str, SelectedLevel], list[str]]:
+    """The ddmin differences as factor levels of this job: `bad` (applied, over the good
+    configuration's values) for the ids in `applied` (the job's `ddmin_subset`), `good` (nothing) for
+    the others. Problems name the key and what is accepted."""
+    differences = study.ddmin.differences
+    ids = [d.id for d in differences]
+    problems: list[str] = []
+    if applied is not None and not differences:
+        return {}, [f"ddmin_subset: {list(applied)} given, but study.ddmin.differences is empty"]
+    seen: dict[str, str] = {}
+    for i, d in enumerate(differences):
+        where = f"study.ddmin.differences[{i}]"
+        if not DIFFERENCE_ID.match(str(d.id)):
+            problems.append(f"{where}.id: {d.id!r} must start with a letter and use letters, digits, _ . -")
+        elif d.id in seen:
+            problems.append(f"{where}.id: {d.id!r} is also study.ddmin.differences[{seen[d.id]}].id")
+        elif d.id in factors:
+            problems.append(f"{where}.id: {d.id!r} is a factor's name too; rename the difference")
+        seen.setdefault(d.id, str(i))
+        sets = False
+        for role in ROLES:
+            delta = getattr(d.roles, role)
+            sets = sets or bool(delta.env or delta.flags)
+            key = f"{where} ({d.id}).roles.{role}"
+            problems += validate_env(key, delta.env) + validate_flags(key, delta.flags)
+        if not sets:
+            problems.append(f"{where} ({d.id}): sets nothing; give roles.<role>.env or roles.<role>.flags")
+    problems += _difference_clashes(differences)
+    unknown = sorted(set(applied or ()) - set(ids))
+    if unknown:
+        problems.append(f"ddmin_subset: unknown difference(s) {unknown}; accepted: {ids}")
+    if problems:
+        return {}, problems
+    chosen = set(applied or ())
+    empty = FactorLevel(level=GOOD)
+    levels = {}
+    for i, d in enumerate(differences):
+        option = BAD if d.id in chosen else GOOD
+        value = (
+            FactorLevel(level=option, description=d.description, roles=d.roles) if option == BAD else empty
+        )
+        levels[d.id] = SelectedLevel(
+            d.id, option, f"study.ddmin.differences[{i}] ({d.id})", value, overrides=True
+        )
+    return levels, []
+
+
+def _difference_clashes(differences: Sequence[Any]) -> list[str]:
+    """Two differences setting one role's env var or flag to different values: the bad configuration
+    would depend on the order they are applied in."""
+    set_by: dict[tuple[str, str, str], tuple[str, Any]] = {}
+    problems = []
+    for d in differences:
+        for role in ROLES:
+            delta = getattr(d.roles, role)
+            for kind, items in (("env", delta.env), ("flags", delta.flags)):
+                for key, value in items.items():
+                    other = set_by.setdefault((role, kind, key), (d.id, value))
+                    if other[0] != d.id and other[1] != value:
+                        problems.append(
+                            f"study.ddmin.differences: {other[0]} and {d.id} both set {role} {kind} {key} "
+                            f"({other[1]!r} vs {value!r}); accepted: one value per setting"
+                        )
     return problems
 
 

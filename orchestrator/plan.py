@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,13 +111,41 @@ class RoleMerge:
     problems: list[str]
 
 
+# a ddmin difference's two levels (config.difference_levels): not applied, applied
+GOOD, BAD = "good", "bad"
+
+
+def difference_label(applied: Sequence[str], ids: Sequence[str]) -> str:
+    """The ddmin differences an arm applies, short: "+a +b", or "bad" (all of them) and "bad -c" (all
+    but a few), whichever is shorter to read."""
+    chosen = [d for d in ids if d in set(applied)]
+    left_out = [d for d in ids if d not in set(applied)]
+    if chosen and len(left_out) < len(chosen):
+        return " ".join(["bad", *(f"-{d}" for d in left_out)])
+    return " ".join(f"+{d}" for d in chosen) or GOOD
+
+
 def arm_label(factors: Mapping[str, str], baseline: Mapping[str, str]) -> str:
-    """ "baseline", or the factors that differ from it ("capture=eager,multi_stream=off")."""
-    diff = [f"{k}={v}" for k, v in sorted(factors.items()) if k in baseline and baseline[k] != v]
+    """ "baseline", or the factors that differ from it ("capture=eager,multi_stream=off"); ddmin
+    differences (baseline level `good`) as `difference_label` writes them."""
+    ids = [k for k, v in sorted(baseline.items()) if v == GOOD]
+    applied = [d for d in ids if factors.get(d) == BAD]
+    diff = [
+        f"{k}={v}"
+        for k, v in sorted(factors.items())
+        if k in baseline and baseline[k] != v and not (k in ids and v == BAD)
+    ]
+    if applied:
+        diff.append(difference_label(applied, ids))
     return ",".join(diff) if diff else BASELINE_LABEL
 
 
+DIFFERENCE = "difference"
+
+
 def factor_origin(selected: SelectedLevel) -> str:
+    if selected.overrides:
+        return f"{DIFFERENCE}.{selected.factor}"
     return f"factor.{selected.factor}={selected.option}"
 
 
@@ -127,6 +155,8 @@ def config_key(origin: str, role: str, kind: str) -> str:
     if origin.startswith("factor."):
         name, _, level = origin.removeprefix("factor.").partition("=")
         return f"factor.{name} (level {level}).roles.{role}.{kind}"
+    if origin.startswith(f"{DIFFERENCE}."):
+        return f"study.ddmin.differences ({origin.removeprefix(DIFFERENCE + '.')}).roles.{role}.{kind}"
     if origin == CLUSTER:
         return f"cluster.hosts.{role}"
     return f"deployment.roles.{role}.{kind}"
@@ -136,25 +166,27 @@ def merge_role(role: str, launch: RoleLaunch, factors: Mapping[str, SelectedLeve
     """The deployment's env/flags of `role` with every factor level's additions for that role.
 
     A factor may override the deployment's value; two factors setting the same name differently is a
-    conflict, since the arm would then depend on the order factors happen to be applied in."""
+    conflict, since the arm would then depend on the order factors happen to be applied in. A ddmin
+    difference (`overrides`) is applied after every factor level and may override theirs too."""
     env = {str(k): str(v) for k, v in launch.env.items()}
     flags = dict(launch.flags)
     origin = {f"env {name}": DEPLOYMENT for name in env} | {f"flag {name}": DEPLOYMENT for name in flags}
-    set_by: dict[str, tuple[str, Any]] = {}
+    set_by: dict[str, tuple[str, Any, bool]] = {}
     problems = []
-    for name in sorted(factors):
+    for name in sorted(factors, key=lambda n: (factors[n].overrides, n)):
+        over = factors[name].overrides
         delta = getattr(factors[name].value.roles, role)
         for kind, additions, target in (("env", delta.env, env), ("flag", delta.flags, flags)):
             for key, value in additions.items():
                 value = str(value) if kind == "env" else value
                 where = f"{kind} {key}"
-                if where in set_by and set_by[where][1] != value:
-                    other, first = set_by[where]
+                if where in set_by and set_by[where][1] != value and set_by[where][2] == over:
+                    other, first, _ = set_by[where]
                     problems.append(
                         f"factor.{name} and factor.{other} both set {role} "
                         f"{'env' if kind == 'env' else 'flags'} {key} ({value!r} vs {first!r})"
                     )
-                set_by[where] = (name, value)
+                set_by[where] = (name, value, over)
                 target[key] = value
                 origin[where] = factor_origin(factors[name])
     return RoleMerge(env, flags, origin, problems)

@@ -43,14 +43,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from orchestrator import analysis, sequential
+from orchestrator import analysis, ddmin, sequential
 from orchestrator.analysis import VERDICTS, RunRecord, StudySpec
 
 DEFAULT_STUDIES = 2000
@@ -316,6 +316,132 @@ def rehearse_sequential(
     return result
 
 
+def ddmin_study(
+    spec: StudySpec,
+    truth_of: Callable[[frozenset[str]], ArmTruth],
+    sessions: int,
+    rng: np.random.Generator,
+    kill_rate: float = 0.0,
+) -> list[RunRecord]:
+    """One rehearsed ddmin study, round by round through `ddmin.next_round` (what the sweeper calls), on
+    runs drawn from each subset's truth (`truth_of`). With `kill_rate`, a run is killed part-way with
+    that probability and never pooled (the search then asks for another run of that subset)."""
+    ids = [d.id for d in spec.ddmin.differences]
+    settings = ddmin.Settings.of(spec)
+    runs: list[RunRecord] = []
+    while True:
+        counts, started = ddmin.runs_from_records(runs, ids, analysis.run_used)
+        nxt = ddmin.next_round(ids, counts, started, settings)
+        if not nxt.jobs:
+            return runs
+        for subset, repetition, _bench in nxt.jobs:  # the rehearsal draws no throughput
+            arm = truth_of(subset)
+            k = draw_run(arm, sessions, rng)
+            killed = kill_rate > 0 and rng.random() < kill_rate
+            runs.append(
+                RunRecord(
+                    run_id=f"{arm.label}-{repetition}",
+                    status="KILLED" if killed else "FINISHED",
+                    signature=f"rehearsal[{arm.label}]",
+                    repetition=repetition,
+                    factors=dict(arm.levels),
+                    outcomes="partial" if killed else "complete",
+                    clean=0 if killed else sessions - k,
+                    corrupted=k,
+                    planned=sessions,
+                )
+            )
+
+
+def true_minimal(ids: Sequence[str], truth_of: Callable[[frozenset[str]], ArmTruth]) -> frozenset[str] | None:
+    """The minimal set of differences the fault model needs, when the corruption needs one conjunction
+    of them: the differences whose removal from the bad configuration removes it (None: the bad
+    configuration is clean, or those differences alone do not corrupt)."""
+    everything = frozenset(ids)
+    if truth_of(everything).rate <= 0:
+        return None
+    needed = frozenset(d for d in ids if truth_of(everything - {d}).rate <= 0)
+    return needed if truth_of(needed).rate > 0 else None
+
+
+def rehearse_ddmin(
+    spec: StudySpec,
+    truth_of: Callable[[frozenset[str]], ArmTruth],
+    sessions: int,
+    studies: int,
+    seed: int,
+    kill_rate: float = 0.0,
+) -> dict[str, Any]:
+    """`rehearse` for `design: ddmin`: each study searches until done, and is judged as the report
+    judges it (`ddmin.report_block`): how often the minimal set found is the true one, and the
+    sessions spent against a one-at-a-time sweep over every difference."""
+    if sessions < 1 or studies < 1:
+        raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
+    ids = [d.id for d in spec.ddmin.differences]
+    truth = true_minimal(ids, truth_of)
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for _ in range(studies):
+        runs = ddmin_study(spec, truth_of, sessions, rng, kill_rate)
+        blocks.append(ddmin.report_block(spec, runs, analysis.run_used))
+    found: dict[str, int] = {}
+    for b in blocks:
+        key = ",".join(b["minimal"]) if b["minimal"] is not None else f"none ({b['outcome']})"
+        found[key] = found.get(key, 0) + 1
+    exact = sum(
+        1 for b in blocks if truth is not None and b["minimal"] is not None and set(b["minimal"]) == truth
+    )
+    bad = truth_of(frozenset(ids))
+    return {
+        "study": spec.name,
+        "studies": studies,
+        "seed": seed,
+        "design": {
+            "design": "ddmin",
+            "differences": len(ids),
+            "sessions_per_run": sessions,
+            "min_runs_per_arm": spec.stopping.min_runs_per_arm,
+            "max_runs_per_arm": spec.stopping.max_runs_per_arm,
+            "ceiling": spec.ceiling,
+            "alpha": spec.alpha,
+            "kill_rate": kill_rate,
+            "bad_rate": bad.rate,
+            "restart_icc": bad.icc,
+        },
+        "true_minimal": None if truth is None else sorted(truth),
+        "exact": exact / studies,
+        "found": dict(sorted(found.items(), key=lambda kv: -kv[1])[:5]),
+        "sessions_per_study": sum(b["sessions"] for b in blocks) / studies,
+        "runs_per_study": sum(b["runs_started"] for b in blocks) / studies,
+        "trials_per_study": sum(len(b["trials"]) for b in blocks) / studies,
+        "covered": sum(1 for b in blocks if b["error_bound_covers"] == "covers the answer") / studies,
+        "mean_error_bound": sum(b["error_bound"] for b in blocks) / studies,
+        "one_at_a_time_sessions": (len(ids) + 1) * ddmin.ONE_AT_A_TIME_STARTS * sessions,
+    }
+
+
+def render_ddmin(result: Mapping[str, Any]) -> str:
+    d = result["design"]
+    lines = [
+        f"{result['study']}: {result['studies']} rehearsed ddmin studies over {d['differences']} "
+        f"differences, "
+        f"{d['sessions_per_run']} sessions per run, bad configuration at {d['bad_rate']:.1%} "
+        f"(ICC {d['restart_icc']:g}), ceiling {d['ceiling']:.0%}, alpha {d['alpha']}, "
+        f"{d['min_runs_per_arm']}-{d['max_runs_per_arm']} runs per subset, kill rate {d['kill_rate']:g}",
+        f"true minimal set: {result['true_minimal']}",
+        f"found exactly the true minimal set: {result['exact']:.1%}",
+        "found: " + "; ".join(f"{k} {v / result['studies']:.1%}" for k, v in result["found"].items()),
+        f"sessions per study: {result['sessions_per_study']:.0f} (runs {result['runs_per_study']:.1f}, "
+        f"subsets tried {result['trials_per_study']:.1f}); a one-at-a-time sweep over every difference "
+        f"({d['differences'] + 1} arms x {ddmin.ONE_AT_A_TIME_STARTS} starts): "
+        f"{result['one_at_a_time_sessions']} sessions, ratio "
+        f"{result['sessions_per_study'] / result['one_at_a_time_sessions']:.2f}",
+        f"error bound covers the answer in {result['covered']:.1%} of studies "
+        f"(mean bound {result['mean_error_bound']:.3f})",
+    ]
+    return "\n".join(lines)
+
+
 # --- arm truths from a fault model (reads the composed config) ------------------------------------
 
 
@@ -334,6 +460,41 @@ def arm_truths(
         icc = (rule.restart_icc if icc_override is None else icc_override) if rule else 0.0
         out.append(ArmTruth(label, levels, rate, icc, rule.name if rule else None))
     return out
+
+
+def subset_truths(
+    spec: StudySpec, overrides: Sequence[str], model, rounds: int, load: int, icc: float | None
+):
+    """truth_of(subset) for a ddmin study: the arm that applies `subset`, composed and planned as a job
+    is (`ddmin_subset=[...]`), judged by the fault model; memoised (the search asks few subsets, often)."""
+    from hydra import compose
+
+    from orchestrator.config import load_job
+    from orchestrator.plan import plan_arm
+    from orchestrator.sim.faults import session_rate
+
+    ids = [d.id for d in spec.ddmin.differences]
+    memo: dict[frozenset[str], ArmTruth] = {}
+
+    def truth_of(subset: frozenset[str]) -> ArmTruth:
+        if subset not in memo:
+            applied = ",".join(d for d in ids if d in subset)
+            cfg = compose(
+                "config", overrides=[*overrides, f"ddmin_subset=[{applied}]"], return_hydra_config=True
+            )
+            plan = plan_arm(load_job(cfg))
+            prefill, decode = _role_configs({r: (plan.roles[r].env, plan.roles[r].flags) for r in ROLE_PAIR})
+            rule = model.rule_for(prefill, decode)
+            rate = session_rate(rule.probability(load), rounds) if rule else 0.0
+            arm_icc = (rule.restart_icc if icc is None else icc) if rule else 0.0
+            label = ddmin.describe_subset(subset, ids)
+            memo[subset] = ArmTruth(label, dict(plan.factors), rate, arm_icc, rule.name if rule else None)
+        return memo[subset]
+
+    return truth_of
+
+
+ROLE_PAIR = ("prefill", "decode")
 
 
 def _role_configs(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]]):
@@ -406,7 +567,7 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from orchestrator.config import CONF_DIR, load_job, sweep_design
+    from orchestrator.config import CONF_DIR, load_job, sweep_design, with_good_baseline
     from orchestrator.plan import plan_arm
     from orchestrator.sim.faults import load_fault_model
 
@@ -415,7 +576,7 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
     model = load_fault_model(options.get("fault_model") or None)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-        spec = StudySpec.from_dict(OmegaConf.to_container(cfg.study, resolve=True))
+        spec = with_good_baseline(StudySpec.from_dict(OmegaConf.to_container(cfg.study, resolve=True)), cfg)
         sessions, rounds = int(cfg.workload.sessions), int(cfg.workload.rounds)
         load = min(sessions, int(cfg.workload.concurrency or sessions))
 
@@ -429,15 +590,19 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
             return {role: (plan.roles[role].env, plan.roles[role].flags) for role in ("prefill", "decode")}
 
         icc = float(options["restart_icc"]) if "restart_icc" in options else None
-        arms = arm_truths(spec, compose_arm, model, rounds, load, icc)
-        runs = _repetitions(cfg, sweeps)
         design = sweep_design(cfg, adhoc=False)
-    studies, seed = int(options.get("studies", DEFAULT_STUDIES)), int(options.get("seed", DEFAULT_SEED))
-    if design == "sequential":
+        studies = int(options.get("studies", DEFAULT_STUDIES))
+        seed = int(options.get("seed", DEFAULT_SEED))
         kill_rate = float(options.get("kill_rate", 0.0))
+        if design == "ddmin":  # the subsets are composed as the search asks for them
+            truth_of = subset_truths(spec, overrides, model, rounds, load, icc)
+            result = rehearse_ddmin(spec, truth_of, sessions, studies, seed, kill_rate)
+        else:
+            arms = arm_truths(spec, compose_arm, model, rounds, load, icc)
+    if design == "sequential":
         result = rehearse_sequential(spec, arms, sessions, studies, seed, kill_rate)
-    else:
-        result = rehearse(spec, arms, runs, sessions, studies, seed)
+    elif design != "ddmin":
+        result = rehearse(spec, arms, _repetitions(cfg, sweeps), sessions, studies, seed)
     result["fault_model"] = {"name": model.name, "source": model.source}
     result["workload"] = {"sessions": sessions, "rounds": rounds, "load": load}
     if "json" in options:
@@ -489,7 +654,7 @@ def render(result: Mapping[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     result = from_config(sys.argv[1:] if argv is None else argv)
-    print(render(result))
+    print(render_ddmin(result) if result["design"].get("design") == "ddmin" else render(result))
     return 0
 
 

@@ -197,6 +197,24 @@ class StoppingConf:
 
 
 @dataclass
+class Difference:
+    """One setting by which a study's bad configuration differs from its good one (design=ddmin): what it
+    sets per role, as a factor level does; applied on top of the good configuration's values."""
+
+    id: str = MISSING
+    description: str = ""
+    roles: FactorRoles = field(default_factory=FactorRoles)
+
+
+@dataclass
+class DdminConf:
+    """`hydra.sweeper.design=ddmin`: the differences between the good configuration (the job's
+    deployment and factor levels) and the bad one (all of them applied); orchestrator/ddmin.py."""
+
+    differences: list[Difference] = field(default_factory=list)
+
+
+@dataclass
 class StudyConf:
     name: str = MISSING
     description: str = ""
@@ -216,6 +234,12 @@ class StudyConf:
     # ICC of sessions within one run assumed when the runs cannot estimate it (one run per arm)
     assumed_icc: float = 0.0
     stopping: StoppingConf = field(default_factory=StoppingConf)
+    ddmin: DdminConf = field(default_factory=DdminConf)
+
+    def __post_init__(self) -> None:
+        # each difference is a two-level factor of the study's arms; the baseline (good) has none applied
+        for difference in self.ddmin.differences:
+            self.baseline.setdefault(difference.id, "good")  # plan.GOOD (schema imports nothing of ours)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StudyConf:
@@ -241,6 +265,25 @@ class StudyConf:
             max_runs_per_arm=int(stopping.get("max_runs_per_arm", StoppingConf.max_runs_per_arm)),
             max_sessions=None if cap is None else int(cap),
             futility=bool(stopping.get("futility", True)),
+        )
+        values["ddmin"] = DdminConf(
+            [
+                Difference(
+                    id=str(d["id"]),
+                    description=str(d.get("description") or ""),
+                    roles=FactorRoles(
+                        **{
+                            role: RoleDelta(
+                                env={str(k): str(v) for k, v in (delta.get("env") or {}).items()},
+                                flags=dict(delta.get("flags") or {}),
+                            )
+                            for role, delta in (d.get("roles") or {}).items()
+                            if role in ROLES
+                        }
+                    ),
+                )
+                for d in (data.get("ddmin") or {}).get("differences") or []
+            ]
         )
         return cls(**values)
 
@@ -302,6 +345,8 @@ class SelectedLevel:
     option: str  # the config group option Hydra selected (the file name without .yaml)
     source: str  # where it came from, for messages: the file path, or `factor/<name>=<option>`
     value: FactorLevel
+    # a ddmin difference (config.difference_levels): applied after the factor levels, over their values
+    overrides: bool = False
 
 
 @dataclass(frozen=True)

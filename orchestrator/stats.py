@@ -51,6 +51,9 @@ ones, D = 1 + (m - 1) rho (the design effect). Method, and why:
 - **One run per arm** (or no arm with two runs and corruption): between-run variation cannot be
   estimated from the data. The analysis then assumes the study's `assumed_icc` (default 0:
   sessions independent) and says so in the report.
+- **Effects in a factorial** (main effects, interactions: linear contrasts of arms' rates):
+  `contrast_interval`, Price & Bonett's adjusted Wald interval, on effective counts; it adds 2/m
+  successes and 4/m trials to each of the m rates, which keeps its coverage where rates are 0 or near.
 - **Throughput ratio**: see `bootstrap_ratio_requests` / `bootstrap_ratio_runs`.
 """
 
@@ -173,6 +176,51 @@ def sessions_for_ceiling(ceiling: float, confidence: float = CONFIDENCE) -> int:
     return math.floor(math.log(tail) / math.log(1 - ceiling)) + 1
 
 
+@functools.lru_cache(maxsize=65536)  # pure; an observed rate is k/n, and rehearsals meet the same ones
+def sessions_to_exclude(rate: float, threshold: float, confidence: float = CONFIDENCE) -> int | None:
+    """About how many sessions an arm at this observed rate needs for its Clopper-Pearson interval to
+    exclude `threshold` (its upper bound under it when the rate is below, its lower bound over it when
+    above); None when the rate is the threshold itself (no number of sessions separates them)."""
+    if rate <= 0:
+        return sessions_for_ceiling(threshold, confidence)
+    if rate == threshold:
+        return None
+
+    def excludes(n: int) -> bool:
+        lo, hi = clopper_pearson(min(n, round(rate * n)), n, confidence)
+        return hi < threshold if rate < threshold else lo > threshold
+
+    high = 1
+    while not excludes(high):
+        high *= 2
+        if high > 10**9:
+            return None
+    low = high // 2  # excludes(low) is false (or low is 0)
+    while high - low > 1:  # the bound moves by steps as k is rounded: the smallest n found by bisection
+        mid = (low + high) // 2
+        low, high = (low, mid) if excludes(mid) else (mid, high)
+    return high
+
+
+def contrast_interval(
+    counts: Sequence[tuple[float, float]], coefficients: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """(estimate, low, high) of a linear contrast sum(c_i p_i) of binomial proportions, k_i of n_i each:
+    Price & Bonett's (2004) adjusted Wald interval, which adds 2/m successes and 4/m trials to each of
+    the m proportions in the contrast. Unlike the plain Wald interval it keeps close to nominal coverage
+    when the proportions are near 0 (a clean arm's 0/n). The estimate is the unadjusted contrast."""
+    used = [(k, n, c) for (k, n), c in zip(counts, coefficients, strict=True) if c != 0]
+    if not used or any(n <= 0 for _, n, _ in used):
+        return math.nan, math.nan, math.nan
+    m = len(used)
+    z = float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    estimate = sum(c * k / n for k, n, c in used)
+    adjusted = [((k + 2 / m) / (n + 4 / m), n + 4 / m, c) for k, n, c in used]
+    centre = sum(c * p for p, _, c in adjusted)
+    se = math.sqrt(sum(c * c * p * (1 - p) / n for p, n, c in adjusted))
+    return estimate, centre - z * se, centre + z * se
+
+
 # --- between runs -----------------------------------------------------------------------------------
 
 
@@ -211,12 +259,30 @@ def dispersion(arms: Sequence[Sequence[tuple[int, int]]]) -> Dispersion:
     return Dispersion(phi, df, min(1.0, icc), m)
 
 
+def _convolution_power(pmf: np.ndarray, times: int, length: int) -> np.ndarray:
+    """The pmf of the sum of `times` independent draws of `pmf`, its first `length` terms (by squaring:
+    a study's runs are mostly of one size)."""
+    result, base = np.array([1.0]), pmf[:length]
+    while times:
+        if times & 1:
+            result = np.convolve(result, base)[:length]
+        times >>= 1
+        if times:
+            base = np.convolve(base, base)[:length]
+    return result
+
+
 def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:
     """P(total corrupted <= k) over runs of these sizes, each beta-binomial with mean q and ICC icc."""
     scale = (1 - icc) / icc
     a, b = q * scale, (1 - q) * scale
+    if k == 0:  # every run clean (a clean arm's bound): a product of scalars, no arrays
+        log_clean = sum(
+            sizes.count(n) * (special.betaln(a, b + n) - special.betaln(a, b)) for n in set(sizes)
+        )
+        return float(math.exp(log_clean))
     total = np.array([1.0])
-    for n in sizes:
+    for n in sorted(set(sizes)):
         x = np.arange(min(k, n) + 1)
         log_pmf = (
             special.gammaln(n + 1)
@@ -225,7 +291,8 @@ def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:
             + special.betaln(x + a, n - x + b)
             - special.betaln(a, b)
         )
-        total = np.convolve(total, np.exp(log_pmf))[: k + 1]
+        runs = _convolution_power(np.exp(log_pmf), sizes.count(n), k + 1)
+        total = np.convolve(total, runs)[: k + 1]
     return float(min(1.0, total.sum()))
 
 

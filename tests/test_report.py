@@ -343,9 +343,16 @@ def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, 
     assert arms_by["multi_stream=off"]["partial"] is True
     assert arms_by["capture=eager"]["n"] == 0
     assert report["deploy"]["label"] == "multi_stream=off"
+    # the minimal cause is part of report.json, so the rebuild below compares it too
+    cause = report["minimal_cause"]
+    assert (cause["verdict"], [c["levels"] for c in cause["conjunctions"]]) == (
+        "minimal cause found",
+        [{"multi_stream": "on"}],
+    )
     assert report["context"]["parent_run_id"] == parent
     md = (target / "report.md").read_text()
     assert "decode did not become healthy within 60 s" in md and "FAILED" in md
+    assert "## Minimal cause" in md
     assert (target / "corruption.png").stat().st_size > 1000 and (
         target / "throughput.png"
     ).stat().st_size > 1000

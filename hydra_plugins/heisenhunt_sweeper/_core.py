@@ -11,7 +11,7 @@ from hydra.errors import HydraException
 
 FACTOR_PREFIX = "factor/"
 JOB_SEP = "\x00"  # between a problem and the overrides of the job it was found in
-DESIGNS = ("factorial", "ofat", "sequential")
+DESIGNS = ("factorial", "ofat", "sequential", "ddmin")
 
 
 def _value(assignment: str) -> str:
@@ -114,3 +114,27 @@ def round_jobs(
         ]
         for label in labels
     ]
+
+
+def ddmin_job(base: "list[str]", subset: "list[str]", repetition: int, bench: bool) -> "list[str]":
+    """One job of a ddmin study: the good configuration's overrides, the differences it applies, its
+    repetition, and the throughput sweep only where the search wants it."""
+    return [
+        *base,
+        f"ddmin_subset=[{','.join(subset)}]",
+        f"repetition={repetition}",
+        f"bench.enabled={str(bench).lower()}",
+        "bench.repetitions=null",
+    ]
+
+
+def ddmin_base(choices: "OrderedDict[str, list[str]]") -> "list[str]":
+    """The overrides every ddmin job shares: the command line's, each with one value. A ddmin study
+    searches its differences; a swept key (a factor over several levels) is refused."""
+    swept = [k for k, v in choices.items() if len(v) > 1 and k.lstrip("+~") != "repetition"]
+    if swept:
+        raise HydraException(
+            f"design=ddmin searches study.ddmin.differences; it sweeps nothing else, but {swept} "
+            f"have several values: give each one value (the good configuration's)"
+        )
+    return [v[-1] for k, v in choices.items() if k.lstrip("+~") not in ("repetition", "ddmin_subset")]

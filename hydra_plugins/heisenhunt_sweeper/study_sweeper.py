@@ -5,6 +5,11 @@ hypothesis-elimination study needs: the baseline arm plus, for each swept `facto
 non-baseline level with every other factor at its baseline level (`study.baseline`); other swept keys
 (e.g. `repetition`) still multiply. 4 two-level factors give 5 arms instead of 16.
 
+`design: ddmin` searches `study.ddmin.differences` (what the bad configuration adds to the good one) for a
+1-minimal subset that still corrupts, in rounds as the sequential design (orchestrator/ddmin.py): each
+round runs the subset the search needs a verdict for next, and the search is replayed from the runs in
+the tracking store.
+
 `design: sequential` runs the ofat arms in rounds, the way Hydra's Ax and Optuna sweepers do: round r
 launches, through the configured launcher, one job per arm still needed at `repetition=r`; then the
 evidence is read back from the tracking store (the same runs the report reads, so a resumed study sees
@@ -37,6 +42,8 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     arm_overrides,
     batches,
     collapse,
+    ddmin_base,
+    ddmin_job,
     job_levels,
     job_repetition,
     ofat_jobs,
@@ -78,6 +85,9 @@ class StudySweeper(BasicSweeper):
         self._arms: dict[str, list[str]] | None = None
         self._round: list[list[str]] = []
         self._launched = -1  # the last round launched
+        # ddmin: the overrides every job shares, and the jobs launched so far (to see a round recorded)
+        self._ddmin_base: list[str] | None = None
+        self._ddmin_launched: set[tuple[str, ...]] = set()
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.adhoc import study_overrides
@@ -90,10 +100,21 @@ class StudySweeper(BasicSweeper):
         self.study, adhoc = sweep_study(self.config, arguments)
         extra = study_overrides(self.study) if adhoc else []
         design = self.design
-        if not self.params and not any(o.is_sweep_override() for o in cli) and self.default_params:
+        searching = design == "ddmin"
+        if (
+            not searching
+            and not self.params
+            and not any(o.is_sweep_override() for o in cli)
+            and self.default_params
+        ):
             log.info("no sweep given: running the default study sweep %s", dict(self.default_params))
             self.params, design = dict(self.default_params), self.default_design
         self.design_run = sweep_design(self.config, adhoc) if design == self.design else design
+        if searching:
+            if not self.study.ddmin.differences:
+                raise HydraException("design=ddmin needs study.ddmin.differences (see orchestrator/ddmin.py)")
+            params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+            self._ddmin_base = ddmin_base(choices_of(parser.parse_overrides(params_conf))) + extra
         if design in ("ofat", "sequential"):
             params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
             choices = choices_of(parser.parse_overrides(params_conf))
@@ -111,15 +132,64 @@ class StudySweeper(BasicSweeper):
         return super().sweep(list(arguments) + extra)
 
     def is_done(self) -> bool:
+        if self._ddmin_base is not None:
+            self._round = self._next_ddmin_round()
+            return not self._round
         if self._arms is None:
             return BasicSweeper.is_done(self)
         self._round = self._next_round()
         return not self._round
 
     def get_job_batch(self):
-        if self._arms is None:
+        if self._arms is None and self._ddmin_base is None:
             return BasicSweeper.get_job_batch(self)
         return self._round
+
+    def _next_ddmin_round(self) -> "list[list[str]]":
+        """The next ddmin round's jobs from the runs so far (none: the search is over); logs where the
+        search stands."""
+        import math
+        import os
+
+        from orchestrator import ddmin
+        from orchestrator.analysis import run_used
+        from orchestrator.tracking import PARENT_ENV, load_study
+
+        assert self.config is not None and self._ddmin_base is not None
+        uri, run_id = str(self.config.tracking.uri), os.environ.get(PARENT_ENV)
+        ids = [d.id for d in self.study.ddmin.differences]
+        records = load_study(uri, self.study.name)[2] if run_id and self._planned else []
+        runs, started = ddmin.runs_from_records(records, ids, run_used)
+        nxt = ddmin.next_round(ids, runs, started, ddmin.Settings.of(self.study))
+        for trial in nxt.result.trials:
+            log.info(
+                "ddmin trial %d (%s): %s, %d runs, over %.2f / under %.2f of %.2f",
+                trial.index,
+                ddmin.describe_subset(trial.subset, ids),
+                trial.verdict or "running",
+                len(trial.runs),
+                trial.evidence.over,
+                trial.evidence.under,
+                math.log(1 / trial.alpha),
+            )
+        if not nxt.jobs:
+            log.info("ddmin done: %s", nxt.result.outcome)
+            return []
+        if self.config.get("dry_run") and self._launched >= 0:
+            log.info("dry run: the first round shown; the later rounds depend on its evidence")
+            return []
+        bench_on = bool(self.config.bench.get("enabled", True))
+        jobs = [ddmin_job(self._ddmin_base, sorted(s), rep, bench and bench_on) for s, rep, bench in nxt.jobs]
+        again = [j for j in jobs if tuple(j) in self._ddmin_launched]
+        if again:
+            raise HydraException(
+                f"design=ddmin: the runs of {again[0]} are not in the tracking store {uri} (the study "
+                f"callback records them: hydra.callbacks.study), so the search cannot go on"
+            )
+        self._ddmin_launched |= {tuple(j) for j in jobs}
+        self._launched += 1
+        log.info("ddmin round %d: %s", self._launched, "; ".join(" ".join(j[-4:-2]) for j in jobs))
+        return jobs
 
     def _next_round(self) -> "list[list[str]]":
         """The next sequential round's jobs from the evidence so far (none: the study is over); logs

@@ -1,8 +1,9 @@
 """The study report: report.json's facts rendered as markdown (pure), then written with the plots.
 
 `render_markdown(report)` turns the dict that `analysis.analyse` returns into a report that reads like a
-resolved bug report: the headline verdict, the hypothesis table, the arm table, the throughput table,
-the failed and partial runs, the configuration to deploy and the commands that reproduce it.
+resolved bug report: the headline verdict, the hypothesis table, the minimal cause, the arm table, the
+throughput table, the failed and partial runs, the configuration to deploy and the commands that
+reproduce it.
 The pipeline from MLflow (`callbacks.build_report`, used at the end of a multirun and by this package's
 CLI) lets the report be rebuilt from the tracking store alone:
 
@@ -108,7 +109,20 @@ def title_section(report: dict[str, Any]) -> list[str]:
         if relative
         else f"±{pct(study['min_effect'])}"
     )
-    if report.get("stopping"):
+    if report.get("ddmin"):
+        search = report["ddmin"]
+        ids = {d["id"] for d in search["differences"]}
+        good = ", ".join(f"{k}={v}" for k, v in sorted(study["baseline"].items()) if k not in ids)
+        out += [
+            f"Good configuration: `{good}`; the bad one adds {len(search['differences'])} differences. "
+            f"Delta debugging (ddmin) for the smallest subset of them that still corrupts, each subset tried "
+            f"an arm judged by anytime-valid e-values on its runs (beta-binomial, the restart-to-restart "
+            f"variation included) against the ceiling {pct(study['ceiling'])}: corrupting above it, clean "
+            f"under it; the j-th subset at alpha {study['alpha']} / (j (j + 1)), so every verdict of the "
+            f"search is right with probability at least {1 - study['alpha']:.0%}.",
+            "",
+        ]
+    elif report.get("stopping"):
         out += [
             f"Baseline arm: `{base_desc}`. Sequential design: after every round, anytime-valid e-values "
             f"on the runs (beta-binomial, the restart-to-restart variation included) decide each "
@@ -146,6 +160,8 @@ def e_value(log_e: float | None) -> str:
 
 
 def hypotheses_section(report: dict[str, Any]) -> list[str]:
+    if not report["hypotheses"] and report.get("ddmin"):
+        return []  # a ddmin study asks which differences, not which hypotheses
     if report.get("stopping"):
         return sequential_hypotheses_section(report)
     conf = f"{report['confidence']:.0%}"
@@ -247,6 +263,76 @@ def stopping_section(report: dict[str, Any]) -> list[str]:
     spent = ", ".join(f"{label} {n}" for label, n in stop["sessions_per_arm"].items())
     benched = ", ".join(stop["benched"]) or "none"
     out += ["", f"Sessions per arm: {spent}. Throughput sweeps ran on: {benched}.", ""]
+    return out
+
+
+def _levels(levels: dict[str, str]) -> str:
+    """`capture=graph` AND `multi_stream=on` (or "no level" for the empty conjunction)."""
+    return " AND ".join(f"`{f}={v}`" for f, v in sorted(levels.items())) or "no level"
+
+
+def _conjunction_lines(conj: dict[str, Any]) -> list[str]:
+    head = ["conjunct", "necessary", "evidence"]
+    rows = [
+        [f"`{f}={e['level']}`", "shown" if e["evidence"] == "pair" else "inferred only", e["note"]]
+        for f, e in conj["necessary"].items()
+    ]
+    out = [f"{_levels(conj['levels'])}: {conj['verdict']}.", ""]
+    return out + (_table(head, rows) if rows else [])
+
+
+def minimal_cause_section(report: dict[str, Any]) -> list[str]:
+    """The smallest conjunction(s) of factor levels the arms say corruption needs (report.json:
+    `minimal_cause`): the verdict in a sentence, each conjunct's evidence, each arm's state, what
+    modulates the rate, the factorial effects, and what the design cannot tell."""
+    block = report.get("minimal_cause")
+    if not block:
+        return []
+    out = ["## Minimal cause", "", f"**{block['verdict']}**: {block['summary']}", ""]
+    for conj in block["conjunctions"]:
+        out += _conjunction_lines(conj)
+    if block.get("provisional") and block["provisional"]["conjunctions"]:
+        guess = " or ".join(_levels(c) for c in block["provisional"]["conjunctions"])
+        out += [f"Provisional, {block['provisional']['note']}: {guess}.", ""]
+    conf = f"{block['arm_confidence']:.2%}"
+    head = ["arm", "corrupted/n", f"{conf} CI", f"state (ceiling {pct(block['ceiling'], 0)})"]
+    rows = [
+        [a["label"], f"{a['counts'][0]}/{a['counts'][1]}", interval(a["bounds"], 2), a["state"]]
+        for a in block["arms"]
+    ]
+    out += [f"Each arm's state, from {block['method']}:", "", *_table(head, rows)]
+    for mod in block["modulators"]:
+        (first, second), (lo, hi) = mod["arms"], mod["ci"]
+        out.append(
+            f"- Modulator **{mod['factor']}** ({mod['levels'][0]} → {mod['levels'][1]}): {first['label']} "
+            f"{first['counts'][0]}/{first['counts'][1]} vs {second['label']} {second['counts'][0]}/"
+            f"{second['counts'][1]}, difference {interval([lo, hi], signed=True)} "
+            f"({mod['confidence']:.1%} Newcombe, effective counts)"
+        )
+    if block["modulators"]:
+        out.append("")
+    if block.get("effects"):
+        fixed = ", ".join(f"{f}={v}" for f, v in sorted(block["factorial"]["fixed"].items())) or "none"
+        out += [
+            f"Factorial effects on the rate ({', '.join(block['factorial']['factors'])}, the others fixed: "
+            f"{fixed}; {block['factorial']['method']}):",
+            "",
+            *_table(
+                ["effect", "kind", "estimate", "interval", "excludes 0"],
+                [
+                    [
+                        e["description"],
+                        e["kind"],
+                        f"{e['estimate'] * 100:+.1f} pp",
+                        interval(e["ci"], signed=True),
+                        "yes" if e["excludes_zero"] else "no",
+                    ]
+                    for e in block["effects"]
+                ],
+            ),
+        ]
+    if block["limits"]:
+        out += ["What the design cannot tell:", "", *(f"- {line}" for line in block["limits"]), ""]
     return out
 
 
@@ -503,6 +589,61 @@ def deploy_section(report: dict[str, Any]) -> list[str]:
     return [*out, "```", "", *origin_table(deploy["config"])]
 
 
+def ddmin_section(report: dict[str, Any]) -> list[str]:
+    """The search of a ddmin study: the differences, every subset tried with its verdict, the steps,
+    the minimal set and what the error bound covers."""
+    search = report.get("ddmin")
+    if not search:
+        return []
+    out = ["## Delta debugging", ""]
+    if search["minimal"] is not None:
+        minimal = ", ".join(f"`{d}`" for d in search["minimal"])
+        out += [
+            f"**Minimal set: {minimal}** ({len(search['minimal'])} of {len(search['differences'])} "
+            f"differences). {search['outcome'][0].upper()}{search['outcome'][1:]}. Error bound: "
+            f"{search['error_bound']:.3f} ({search['error_bound_covers']}). Sessions: {search['sessions']} "
+            f"(a one-at-a-time sweep over every difference, {len(search['differences']) + 1} arms x 4 "
+            f"starts: {search['one_at_a_time_sessions']}).",
+            "",
+        ]
+    else:
+        out += [f"{search['outcome'][0].upper()}{search['outcome'][1:]}.", ""]
+    head = ["id", "sets"]
+    rows = [
+        [
+            f"`{d['id']}`" + (" **(minimal set)**" if d["id"] in (search["minimal"] or []) else ""),
+            "; ".join(
+                f"{role}: " + ", ".join(k if v is None else f"{k}={v}" for k, v in sets.items())
+                for role, sets in d["sets"].items()
+            ),
+        ]
+        for d in search["differences"]
+    ]
+    out += ["Differences (the bad configuration = the good one with all of them):", "", *_table(head, rows)]
+    head = ["#", "subset tried", "role", "runs", "corrupted/n", "log e over / under", "needs", "verdict"]
+    rows = [
+        [
+            t["index"],
+            t["label"],
+            t["role"],
+            len(t["runs"]),
+            f"{t['corrupted']}/{t['sessions']}",
+            f"{t['evidence']['over']:.2f} / {t['evidence']['under']:.2f}",
+            f"{t['log_threshold']:.2f}",
+            t["verdict"] or "running",
+        ]
+        for t in search["trials"]
+    ]
+    out += [
+        "Subsets tried, in order (each at its own alpha: log e must reach `needs`):",
+        "",
+        *_table(head, rows),
+    ]
+    if search["steps"]:
+        out += ["Steps:", "", *[f"{i}. {step}" for i, step in enumerate(search["steps"], 1)], ""]
+    return out
+
+
 def reproduce_section(report: dict[str, Any], tracking_uri: str | None) -> list[str]:
     return ["## Reproduce", "", "```sh", *reproduce_commands(report, tracking_uri), "```", ""]
 
@@ -513,6 +654,8 @@ def render_markdown(report: dict[str, Any], tracking_uri: str | None = None) -> 
         title_section(report),
         hypotheses_section(report),
         stopping_section(report),
+        ddmin_section(report),
+        minimal_cause_section(report),
         arms_section(report),
         decode_load_section(report),
         families_section(report),

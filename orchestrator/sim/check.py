@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from orchestrator.sim.faults import FaultModelError, load_fault_model
-from orchestrator.sim.server import FAULT_MODEL_ENV
+# not from server.py: this runs before every arm, and the server's imports (aiohttp) cost more than the check
+from orchestrator.sim.faults import FAULT_MODEL_ENV, FaultModelError, load_fault_model
 
 
 def main() -> int:

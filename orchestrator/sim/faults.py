@@ -33,6 +33,8 @@ from orchestrator.sim.args import arg_types
 from orchestrator.sim.envs import ENV_VARS
 
 BUILTIN_PATH = Path(__file__).with_name("builtin_fault_model.yaml")
+# the env var naming a fault-model file for a sim server (unset: the built-in model)
+FAULT_MODEL_ENV = "HEISENHUNT_SIM_FAULT_MODEL"
 FORMAT_VERSION = 1
 ROLES = ("prefill", "decode")
 SHAPES = (

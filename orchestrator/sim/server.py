@@ -54,11 +54,10 @@ from orchestrator.sim.engine import (
     session_turn,
 )
 from orchestrator.sim.envs import effective_env
-from orchestrator.sim.faults import FaultModel, FaultModelError, RoleConfig, load_fault_model
+from orchestrator.sim.faults import FAULT_MODEL_ENV, FaultModel, FaultModelError, RoleConfig, load_fault_model
 
 log = logging.getLogger("sglang.sim.server")
 
-FAULT_MODEL_ENV = "HEISENHUNT_SIM_FAULT_MODEL"
 # "module:Class" of the decode engine (unset: the simulated one); orchestrator.gpu.engine:GpuDecodeEngine
 DECODE_ENGINE_ENV = "HEISENHUNT_DECODE_ENGINE"
 # the decode batch sizes SGLang captures graphs for (up to --cuda-graph-max-bs)

@@ -1,0 +1,204 @@
+"""Delta debugging with a noisy oracle (orchestrator/ddmin.py), tested by simulation through the same pure
+code that judges real runs: `ddmin.next_round` (what the sweeper calls) on runs drawn beta-binomially
+per server start, with killed runs, and `ddmin.report_block` (what the report shows)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from orchestrator import ddmin
+from orchestrator.analysis import RunRecord, run_used
+from orchestrator.rehearse import ArmTruth, ddmin_study, true_minimal
+from orchestrator.schema import StudyConf
+
+IDS = [f"d{i:02d}" for i in range(20)]
+
+
+def spec_for(ids=IDS, ceiling=0.05, max_runs=10, alpha=0.05) -> StudyConf:
+    return StudyConf.from_dict(
+        {
+            "name": "ddmin-test",
+            "alpha": alpha,
+            "ceiling": ceiling,
+            "stopping": {"min_runs_per_arm": 2, "max_runs_per_arm": max_runs},
+            "ddmin": {"differences": [{"id": d, "roles": {"decode": {"env": {f"X_{d}": "1"}}}} for d in ids]},
+        }
+    )
+
+
+def conjunction_truth(ids, culprits, rate=0.155, icc=0.005):
+    """Corruption needs every culprit (a conjunction), at `rate`; any subset without them is clean."""
+
+    def truth_of(subset):
+        return ArmTruth(
+            ddmin.describe_subset(subset, ids),
+            ddmin.levels_of(subset, ids),
+            rate if set(culprits) <= subset else 0.0,
+            icc,
+        )
+
+    return truth_of
+
+
+def exact_oracle(culprits):
+    asked = []
+
+    def corrupts(subset):
+        asked.append(subset)
+        return set(culprits) <= subset
+
+    return corrupts, asked
+
+
+# --- the search with an exact oracle ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_quickxplain_finds_every_conjunction_of_up_to_three_of_eight(k):
+    items = [f"x{i}" for i in range(8)]
+    for culprits in itertools.combinations(items, k):
+        corrupts, asked = exact_oracle(culprits)
+        found = ddmin.one_minimal(
+            ddmin.quickxplain(items, corrupts, lambda _: None), corrupts, lambda _: None
+        )
+        assert set(found) == set(culprits), culprits
+        # far fewer subsets than the 2^8 there are; about 2k log2(n/k) + 2k, plus the 1-minimal check
+        assert len(set(asked)) <= 2 * k * 3 + 2 * k + k
+
+
+def test_one_minimal_drops_a_difference_the_rest_corrupts_without():
+    # not a conjunction: {a, b} corrupts, and so does {b} alone; a set found as {a, b} is reduced
+    def corrupts(subset):
+        return "b" in subset
+
+    notes: list[str] = []
+    assert ddmin.one_minimal(["a", "b"], corrupts, notes.append) == ["b"]
+    assert any("a dropped" in n for n in notes)
+
+
+def test_split_keeps_order_and_balances_sizes():
+    assert ddmin.split(list("abcde"), 2) == [["a", "b", "c"], ["d", "e"]]
+    assert ddmin.split(list("ab"), 4) == [["a"], ["b"]]
+
+
+def test_the_jth_subset_is_tested_at_a_share_of_alpha_that_sums_to_alpha():
+    shares = [ddmin.test_alpha(0.05, j) for j in range(1, 100_000)]
+    assert shares[0] == pytest.approx(0.025)
+    assert sum(shares) < 0.05 and sum(shares) == pytest.approx(0.05, rel=1e-4)
+
+
+# --- the search on runs: reuse, replay, the jobs it asks for ------------------------------------------
+
+
+def run(subset, repetition, k, n=60, status="FINISHED"):
+    levels = ddmin.levels_of(subset, IDS)
+    return RunRecord(
+        run_id=f"{sorted(subset)}-{repetition}",
+        status=status,
+        signature=ddmin.describe_subset(subset, IDS),
+        repetition=repetition,
+        factors=levels,
+        outcomes="complete" if status == "FINISHED" else "partial",
+        clean=n - k if status == "FINISHED" else 0,
+        corrupted=k,
+        planned=n,
+    )
+
+
+def test_the_first_round_starts_the_good_configuration_twice_with_the_bench_on_its_first_run():
+    nxt = ddmin.next_round(IDS, {}, {}, ddmin.Settings.of(spec_for()))
+    assert nxt.jobs == [(frozenset(), 0, True), (frozenset(), 1, False)]
+
+
+def test_a_killed_run_is_not_pooled_and_its_repetition_is_not_run_again():
+    records = [run(frozenset(), 0, 0), run(frozenset(), 1, 3, status="KILLED")]
+    runs, started = ddmin.runs_from_records(records, IDS, run_used)
+    assert runs == {frozenset(): [(0, 60)]} and started == {frozenset(): {0, 1}}
+    nxt = ddmin.next_round(IDS, runs, started, ddmin.Settings.of(spec_for()))
+    assert nxt.jobs == [(frozenset(), 2, False)]  # one more run of the good configuration, repetition 2
+
+
+def test_the_search_is_a_replay_of_the_runs_so_every_subset_is_paid_for_once():
+    spec = spec_for()
+    rng = np.random.default_rng(7)
+    records = ddmin_study(spec, conjunction_truth(IDS, ["d07"]), 60, rng)
+    by_subset: dict[frozenset, list[int]] = {}
+    for r in records:
+        by_subset.setdefault(ddmin.subset_of(r.factors, IDS), []).append(r.repetition)
+    # every subset's runs are repetitions 0..m-1, each once: no subset was started twice over
+    for reps in by_subset.values():
+        assert sorted(reps) == list(range(len(reps)))
+    block = ddmin.report_block(spec, records, run_used)
+    assert block["done"] and block["minimal"] == ["d07"]
+    # replaying on any prefix of the runs asks only for subsets that the full search also tried
+    tried = {frozenset(t["subset"]) for t in block["trials"]}
+    for cut in range(0, len(records), 5):
+        runs, started = ddmin.runs_from_records(records[:cut], IDS, run_used)
+        nxt = ddmin.next_round(IDS, runs, started, ddmin.Settings.of(spec))
+        assert {s for s, _, _ in nxt.jobs} <= tried
+
+
+def test_when_the_deploy_configuration_is_first_run_the_good_one_runs_beside_it_with_the_bench():
+    spec = spec_for()
+    rng = np.random.default_rng(3)
+    records = ddmin_study(spec, conjunction_truth(IDS, ["d03"]), 60, rng)
+    block = ddmin.report_block(spec, records, run_used)
+    deploy = frozenset(block["deploy"])
+    first_deploy = min(r.repetition for r in records if ddmin.subset_of(r.factors, IDS) == deploy)
+    assert first_deploy == 0
+    # the round that started the deploy configuration also ran the good one (its last repetition)
+    index = next(i for i, r in enumerate(records) if ddmin.subset_of(r.factors, IDS) == deploy)
+    assert any(ddmin.subset_of(r.factors, IDS) == frozenset() for r in records[index:])
+
+
+# --- Monte Carlo: the promises of the issue, >= 1,000 studies each ------------------------------------
+
+
+def rehearse(culprits, studies, seed, icc=0.005, kill_rate=0.0, ids=IDS):
+    spec = spec_for(ids)
+    truth_of = conjunction_truth(ids, culprits, icc=icc)
+    assert true_minimal(ids, truth_of) == frozenset(culprits)
+    rng = np.random.default_rng(seed)
+    blocks = [
+        ddmin.report_block(spec, ddmin_study(spec, truth_of, 60, rng, kill_rate), run_used)
+        for _ in range(studies)
+    ]
+    exact = sum(1 for b in blocks if b["minimal"] is not None and set(b["minimal"]) == set(culprits))
+    sessions = sum(b["sessions"] for b in blocks) / studies
+    return exact / studies, sessions, blocks
+
+
+@pytest.mark.parametrize(
+    ("culprits", "max_sessions"),
+    [(["d07"], 3000), (["d03", "d14"], 5040)],
+    ids=["1-of-20", "2-of-20 split across halves"],
+)
+def test_the_true_minimal_set_is_found_in_at_least_95_percent_of_studies(culprits, max_sessions):
+    # restart-to-restart variation (ICC 0.02, four times the built-in model's) and 5% of runs killed;
+    # 400 studies here; for 1,000: python -m orchestrator.rehearse +experiment=ddmin_serve_script
+    exact, sessions, blocks = rehearse(culprits, 400, seed=11, icc=0.02, kill_rate=0.05)
+    assert exact >= 0.95, exact
+    # and at a fraction of a one-at-a-time sweep over the 20 (21 arms x 4 starts x 60 = 5,040 sessions)
+    assert sessions < max_sessions, sessions
+    assert blocks[0]["one_at_a_time_sessions"] == 21 * 4 * 60
+
+
+def test_a_bad_configuration_that_does_not_corrupt_yields_no_minimal_set():
+    spec = spec_for()
+    rng = np.random.default_rng(5)
+    truth_of = conjunction_truth(IDS, ["d01"], rate=0.0)
+    wrong = 0
+    for _ in range(300):
+        block = ddmin.report_block(spec, ddmin_study(spec, truth_of, 60, rng), run_used)
+        wrong += block["minimal"] is not None
+    assert wrong / 300 <= spec.alpha
+
+
+def test_the_error_bound_is_at_most_alpha_and_covers_decided_searches():
+    _, _, blocks = rehearse(["d05"], 50, seed=2)
+    for b in blocks:
+        assert b["error_bound"] <= 0.05
+        assert b["error_bound_covers"] == "covers the answer"
