@@ -148,6 +148,7 @@ def quickxplain(
 
     def qx(base: list[str], added: bool, candidates: list[str]) -> list[str]:
         if added and corrupts(frozenset(base)):
+            note(f"{{{', '.join(base)}}} corrupts without {{{', '.join(candidates)}}}: those are not needed")
             return []
         if len(candidates) == 1:
             note(f"{candidates[0]} is needed (with {{{', '.join(base)}}} it corrupts, without it not)")

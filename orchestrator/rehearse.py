@@ -417,7 +417,66 @@ def rehearse_ddmin(
         "covered": sum(1 for b in blocks if b["error_bound_covers"] == "covers the answer") / studies,
         "mean_error_bound": sum(b["error_bound"] for b in blocks) / studies,
         "one_at_a_time_sessions": (len(ids) + 1) * ddmin.ONE_AT_A_TIME_STARTS * sessions,
+        "one_at_a_time": one_at_a_time_rehearsal(spec, truth_of, truth, sessions, studies, seed, kill_rate),
     }
+
+
+def one_at_a_time_rehearsal(
+    spec: StudySpec,
+    truth_of: Callable[[frozenset[str]], ArmTruth],
+    truth: frozenset[str] | None,
+    sessions: int,
+    studies: int,
+    seed: int,
+    kill_rate: float,
+) -> dict[str, Any]:
+    """The same question asked one difference at a time (`one_at_a_time`), sequential design, on the
+    same truths: how often its implicated set is exactly the true minimal set, and its sessions."""
+    ofat, arms = one_at_a_time(spec, truth_of)
+    rng = np.random.default_rng(seed)
+    exact, spent = 0, 0
+    for _ in range(studies):
+        runs = sequential_study(ofat, arms, sessions, rng, kill_rate)
+        block = sequential.report_block(ofat, runs, analysis.run_used)
+        implicated = {h for h, d in block["decisions"].items() if d["verdict"] in ("implicated", "partial")}
+        exact += truth is not None and implicated == truth
+        spent += block["sessions"]
+    return {"exact": exact / studies, "sessions_per_study": spent / studies, "arms": len(arms)}
+
+
+def one_at_a_time(
+    spec: StudySpec, truth_of: Callable[[frozenset[str]], ArmTruth]
+) -> tuple[StudySpec, list[ArmTruth]]:
+    """The one-at-a-time study over the same differences, for comparison: from the bad configuration,
+    one arm per difference removed (hypothesis: the corruption needs it), judged by the sequential
+    design at the study's alpha, ceiling and budget."""
+    ids = [d.id for d in spec.ddmin.differences]
+    everything = frozenset(ids)
+    bad = {d: ddmin.BAD for d in ids}
+    ofat = StudySpec.from_dict(
+        {
+            **{k: v for k, v in spec.to_dict().items() if k not in ("ddmin", "baseline", "hypotheses")},
+            "name": f"{spec.name} (one at a time)",
+            "baseline": bad,
+            "hypotheses": [
+                {
+                    "id": d,
+                    "factor": d,
+                    "statement": f"needs {d}",
+                    "baseline": ddmin.BAD,
+                    "treatment": ddmin.GOOD,
+                }
+                for d in ids
+            ],
+        }
+    )
+    arms = []
+    for removed in [None, *ids]:
+        subset = everything - {removed} if removed else everything
+        t = truth_of(subset)
+        levels = {**bad, **({removed: ddmin.GOOD} if removed else {})}
+        arms.append(ArmTruth(analysis.arm_label(levels, bad), levels, t.rate, t.icc, t.rule))
+    return ofat, arms
 
 
 def render_ddmin(result: Mapping[str, Any]) -> str:
@@ -438,6 +497,10 @@ def render_ddmin(result: Mapping[str, Any]) -> str:
         f"{result['sessions_per_study'] / result['one_at_a_time_sessions']:.2f}",
         f"error bound covers the answer in {result['covered']:.1%} of studies "
         f"(mean bound {result['mean_error_bound']:.3f})",
+        f"one at a time (sequential design, {result['one_at_a_time']['arms']} arms, the same truths): "
+        f"exact {result['one_at_a_time']['exact']:.1%}, sessions per study "
+        f"{result['one_at_a_time']['sessions_per_study']:.0f}; ddmin / one at a time: "
+        f"{result['sessions_per_study'] / result['one_at_a_time']['sessions_per_study']:.2f}",
     ]
     return "\n".join(lines)
 

@@ -202,3 +202,70 @@ def test_the_error_bound_is_at_most_alpha_and_covers_decided_searches():
     for b in blocks:
         assert b["error_bound"] <= 0.05
         assert b["error_bound_covers"] == "covers the answer"
+
+
+# --- the differences as the job's factors: composed, planned, refused -----------------------------------
+
+ONE = "{id: overlap, roles: {decode: {env: {SGLANG_OPT_USE_MULTI_STREAM_OVERLAP: '1'}}}}"
+TWO = "{id: nccl, roles: {prefill: {env: {NCCL_DEBUG: WARN}}}}"
+OTHER = "{id: other, roles: {decode: {env: {SGLANG_OPT_USE_MULTI_STREAM_OVERLAP: '0'}}}}"
+
+
+def test_a_subset_is_applied_over_the_good_configuration_and_says_where_each_setting_came_from(compose_cfg):
+    from orchestrator.config import load_job
+    from orchestrator.plan import plan_arm
+
+    good_conf = ["factor/multi_stream=off", "study.hypotheses=[]", f"study.ddmin.differences=[{ONE},{TWO}]"]
+    cfg = compose_cfg(*good_conf, "ddmin_subset=[overlap]")
+    job = load_job(cfg)
+    plan = plan_arm(job)
+    decode = plan.roles["decode"]
+    # the factor level says 0; the difference, applied over it, says 1 and is recorded as the origin
+    assert decode.env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "1"
+    assert decode.origin_of("env", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP") == "difference.overlap"
+    assert "NCCL_DEBUG" not in plan.roles["prefill"].env
+    assert plan.factors["overlap"] == "bad" and plan.factors["nccl"] == "good"
+    # the good configuration is the baseline: every difference at good, the factors as composed
+    assert job.study.baseline["overlap"] == "good" and job.study.baseline["multi_stream"] == "off"
+    good = plan_arm(load_job(compose_cfg(*good_conf)))
+    assert good.signature != plan.signature
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [f"study.ddmin.differences=[{ONE}]", "ddmin_subset=[overlapp]"],
+            "ddmin_subset: unknown difference(s) ['overlapp']; accepted: ['overlap']",
+        ),
+        ([f"study.ddmin.differences=[{ONE},{ONE}]"], "study.ddmin.differences[1].id: 'overlap' is also"),
+        (
+            ["study.ddmin.differences=[{id: capture, roles: {decode: {env: {X: '1'}}}}]"],
+            "'capture' is a factor's name too",
+        ),
+        (["study.ddmin.differences=[{id: nothing}]"], "study.ddmin.differences[0] (nothing): sets nothing"),
+        (
+            [f"study.ddmin.differences=[{ONE},{OTHER}]"],
+            "overlap and other both set decode env SGLANG_OPT_USE_MULTI_STREAM_OVERLAP",
+        ),
+        (["ddmin_subset=[a]"], "ddmin_subset: ['a'] given, but study.ddmin.differences is empty"),
+        (["study.ddmin.differences=[{id: x, roles: {decod: {env: {X: '1'}}}}]"], "decod"),
+    ],
+    ids=[
+        "unknown id in the subset",
+        "duplicate id",
+        "id of a factor",
+        "sets nothing",
+        "two values for one setting",
+        "a subset without differences",
+        "misspelled role",
+    ],
+)
+def test_bad_differences_are_refused_naming_the_key_and_what_is_accepted(compose_cfg, overrides, message):
+    from hydra.errors import HydraException
+
+    from orchestrator.config import ConfigError, load_job
+
+    with pytest.raises((ConfigError, HydraException)) as err:
+        load_job(compose_cfg(*overrides))
+    assert message in str(err.value), str(err.value)
