@@ -151,7 +151,7 @@ def quickxplain(
             note(f"{{{', '.join(base)}}} corrupts without {{{', '.join(candidates)}}}: those are not needed")
             return []
         if len(candidates) == 1:
-            note(f"{candidates[0]} is needed (with {{{', '.join(base)}}} it corrupts, without it not)")
+            note(f"{candidates[0]} is needed: {{{', '.join(base)}}} corrupts only with it")
             return candidates
         first, second = split(candidates, 2)
         found_second = qx(base + first, bool(first), second)
