@@ -223,6 +223,27 @@ def draw_run(arm: ArmTruth, sessions: int, rng: np.random.Generator) -> int:
     return int(draw_counts([arm], 1, sessions, 1, rng)[0, 0, 0])
 
 
+def drawn_run(
+    arm: ArmTruth, repetition: int, sessions: int, rng: np.random.Generator, kill_rate: float = 0.0
+) -> RunRecord:
+    """One rehearsed run (server start) of an arm. With `kill_rate`, killed part-way with that
+    probability: a KILLED run whose outcomes (mostly corrupted sessions: a corrupted session ends early)
+    are never pooled."""
+    k = draw_run(arm, sessions, rng)
+    killed = kill_rate > 0 and rng.random() < kill_rate
+    return RunRecord(
+        run_id=f"{arm.label}-{repetition}",
+        status="KILLED" if killed else "FINISHED",
+        signature=f"rehearsal[{arm.label}]",
+        repetition=repetition,
+        factors=dict(arm.levels),
+        outcomes="partial" if killed else "complete",
+        clean=0 if killed else sessions - k,
+        corrupted=k,
+        planned=sessions,
+    )
+
+
 def sequential_study(
     spec: StudySpec,
     arms: Sequence[ArmTruth],
@@ -245,22 +266,7 @@ def sequential_study(
         if not nxt.arms:
             return runs
         for label in nxt.arms:
-            arm = by_label[label]
-            k = draw_run(arm, sessions, rng)
-            killed = kill_rate > 0 and rng.random() < kill_rate
-            runs.append(
-                RunRecord(
-                    run_id=f"{label}-{nxt.round}",
-                    status="KILLED" if killed else "FINISHED",
-                    signature=f"rehearsal[{label}]",
-                    repetition=nxt.round,
-                    factors=dict(arm.levels),
-                    outcomes="partial" if killed else "complete",
-                    clean=0 if killed else sessions - k,
-                    corrupted=k,
-                    planned=sessions,
-                )
-            )
+            runs.append(drawn_run(by_label[label], nxt.round, sessions, rng, kill_rate))
 
 
 def sequential_verdicts(spec: StudySpec, runs: Sequence[RunRecord]) -> dict[str, Any]:
@@ -335,22 +341,7 @@ def ddmin_study(
         if not nxt.jobs:
             return runs
         for subset, repetition, _bench in nxt.jobs:  # the rehearsal draws no throughput
-            arm = truth_of(subset)
-            k = draw_run(arm, sessions, rng)
-            killed = kill_rate > 0 and rng.random() < kill_rate
-            runs.append(
-                RunRecord(
-                    run_id=f"{arm.label}-{repetition}",
-                    status="KILLED" if killed else "FINISHED",
-                    signature=f"rehearsal[{arm.label}]",
-                    repetition=repetition,
-                    factors=dict(arm.levels),
-                    outcomes="partial" if killed else "complete",
-                    clean=0 if killed else sessions - k,
-                    corrupted=k,
-                    planned=sessions,
-                )
-            )
+            runs.append(drawn_run(truth_of(subset), repetition, sessions, rng, kill_rate))
 
 
 def true_minimal(ids: Sequence[str], truth_of: Callable[[frozenset[str]], ArmTruth]) -> frozenset[str] | None:
