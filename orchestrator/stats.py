@@ -324,6 +324,21 @@ def runs_interval(
     return lo, hi
 
 
+def runs_tails(run_counts: Sequence[Sequence[int]], q: float, icc: float) -> tuple[float, float]:
+    """(P(K <= k), P(K >= k)) for an arm's total corrupted K at mean rate q, its runs beta-binomial with
+    ICC `icc` (binomial at 0): the two tails `runs_interval` puts (1 - confidence) / 2 in each of, so
+    its interval at confidence c excludes q exactly when 2 x the smaller tail < 1 - c."""
+    k = sum(int(c[0]) for c in run_counts)
+    n = sum(int(c[1]) for c in run_counts)
+    icc = round(max(0.0, min(icc, 0.999)), 4)  # as runs_interval rounds it
+    if icc == 0 or n <= 0:
+        return float(sps.binom.cdf(k, n, q)), float(sps.binom.sf(k - 1, n, q))
+    sizes = tuple(sorted(int(c[1]) for c in run_counts if c[1] > 0))
+    low = _runs_cdf(k, sizes, q, icc)
+    high = 1.0 if k == 0 else 1.0 - _runs_cdf(k - 1, sizes, q, icc)
+    return float(low), float(max(0.0, high))
+
+
 def design_effect(icc: float, mean_run_size: float) -> float:
     """D = 1 + (m - 1) rho: how many sessions of runs of size m are worth one independent session."""
     return 1.0 + max(0.0, mean_run_size - 1) * max(0.0, icc)

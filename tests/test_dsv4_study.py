@@ -87,18 +87,21 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
 
 def check_minimal_cause(block: dict) -> None:
     """The seeds' conjunction, with the design's limits stated. The sequential study stops a clean arm at
-    two starts (0/120), enough for its hypothesis (each arm at alpha) but not for every arm's state
-    together (Bonferroni over 5 arms: 0/120 has an upper bound of 4.3%, over the 3% ceiling): then the
-    conjunction is where the undetermined arms lean, and the limits say what each arm still needs."""
+    two starts (0/120), enough for its hypothesis (each arm at alpha) but not for every arm's state at
+    once (Bonferroni over 5 arms: 0/120 has an upper bound of 4.3%, over the 3% ceiling): the block is
+    then undetermined, points to where the undetermined arms lean, and says what each arm still needs."""
+    arms = {a["label"]: a for a in block["arms"]}
+    # HiCache off corrupts at 3-7%, around the ceiling: where its sessions lean under it, the arms cannot
+    # tell HiCache on needed from a modulator, and the smallest conjunction they point to includes it
+    expected = SEEDS if arms["hicache=off"]["leaning"] == "corrupting" else {**SEEDS, "hicache": "on"}
     found = [c["levels"] for c in block["conjunctions"]]
     if block["verdict"] == "minimal cause found":
-        assert found == [SEEDS], block["summary"]
-        assert any("No arm changes capture and index_k" in line for line in block["limits"])
+        assert found == [expected], block["summary"]
     else:
         assert block["verdict"] == "undetermined", block["summary"]
-        assert block["provisional"]["conjunctions"] == [SEEDS], block
+        assert block["provisional"]["conjunctions"] == [expected], block
         assert any("more sessions" in line for line in block["limits"]), block["limits"]
-    assert block["limits"]
+    assert any("No arm changes capture and index_k" in line for line in block["limits"]), block["limits"]
     assert {m["factor"] for m in block["modulators"]} <= {"hicache"}
 
 

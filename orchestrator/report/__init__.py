@@ -294,10 +294,15 @@ def minimal_cause_section(report: dict[str, Any]) -> list[str]:
     if block.get("provisional") and block["provisional"]["conjunctions"]:
         guess = " or ".join(_levels(c) for c in block["provisional"]["conjunctions"])
         out += [f"Provisional, {block['provisional']['note']}: {guess}.", ""]
-    conf = f"{block['arm_confidence']:.2%}"
-    head = ["arm", "corrupted/n", f"{conf} CI", f"state (ceiling {pct(block['ceiling'], 0)})"]
+    head = ["arm", "corrupted/n", "interval", "at", f"state (ceiling {pct(block['ceiling'], 0)})"]
     rows = [
-        [a["label"], f"{a['counts'][0]}/{a['counts'][1]}", interval(a["bounds"], 2), a["state"]]
+        [
+            a["label"],
+            f"{a['counts'][0]}/{a['counts'][1]}",
+            interval(a["bounds"], 2),
+            f"{a['confidence']:.2%}" if a.get("confidence") else "–",
+            a["state"],
+        ]
         for a in block["arms"]
     ]
     out += [f"Each arm's state, from {block['method']}:", "", *_table(head, rows)]
