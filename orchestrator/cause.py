@@ -12,8 +12,9 @@ Method, and why:
   variation in them) at Holm's step-down levels: the arms in order of how clearly they lie off the
   ceiling get 1 - alpha/m, 1 - alpha/(m - 1), ..., m the arms with sessions, until one does not clear
   its level (it and the rest stay undetermined), so every arm's state is right together with
-  probability >= 1 - alpha, and never fewer arms are classified than at Bonferroni's 1 - alpha/m. A state can be wrong in one direction only (a rate
-  under the ceiling misread as corrupting, or one over it as clean), so with exact bounds the two-sided
+  probability >= 1 - alpha, and never fewer arms are classified than at Bonferroni's 1 - alpha/m.
+  A state can be wrong in one direction only (a rate under the ceiling misread as corrupting, or one
+  over it as clean), so with exact bounds the two-sided
   interval would leave half of alpha unspent; that half absorbs the ICC being a plug-in estimate that
   runs low: with every arm at the ceiling and a restart ICC of 0.02 or 0.1, some arm came out
   corrupting in 3.2% and 3.0% of 500 simulated studies (tests/test_cause.py, with Bonferroni levels;
