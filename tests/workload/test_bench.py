@@ -133,9 +133,12 @@ def test_measured_throughput_matches_the_sims_own_count(sim_url: str, concurrenc
     assert level.request_tokens == [OUTPUT_LEN] * requests
     # rate: ours (client wall time) vs the sim's (its tokens over its own decode time). The two clocks
     # differ by the last response's round trip, which grows with the machine's load (1% held on an idle
-    # machine, 1.03% was seen in a loaded CI run); the token counts above are exact
+    # machine, 1.03% was seen in a loaded CI run, 5.6% and 5.9% in one whose other worker ran a CPU-bound
+    # Monte Carlo beside it: a level here is a single wave of requests, all end effect); the token
+    # counts above are exact
     sim_rate = sim_tokens / (after["busy_time_s"] - before["busy_time_s"])
-    assert level.output_tok_s == pytest.approx(sim_rate, rel=0.03), (level.output_tok_s, sim_rate)
+    assert level.output_tok_s == pytest.approx(sim_rate, rel=0.08), (level.output_tok_s, sim_rate)
+    assert level.output_tok_s <= sim_rate * 1.01  # the client's window holds the sim's: never faster
     assert level.achieved_concurrency == pytest.approx(concurrency, rel=0.05)
     assert level.ttft_s.p50 > 0 and level.itl_s.p50 > 0 and level.tpot_s.p50 > 0
 
