@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.plan import BAD, GOOD, difference_label
-from orchestrator.sequential import Evidence, evidence, icc_at
+from orchestrator.sequential import Evidence, evidence, plug_in_icc
 
 CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
 
@@ -53,6 +53,12 @@ ONE_AT_A_TIME_STARTS = 4
 
 Subset = frozenset[str]
 Runs = Sequence[Sequence[int]]
+
+
+def one_at_a_time_sessions(differences: int, run_size: int) -> int:
+    """What a fixed one-at-a-time sweep over the differences spends: the bad configuration and one arm
+    per difference removed, ONE_AT_A_TIME_STARTS starts each."""
+    return (differences + 1) * ONE_AT_A_TIME_STARTS * run_size
 
 
 def test_alpha(alpha: float, index: int) -> float:
@@ -203,14 +209,7 @@ class Settings:
 def study_icc(runs_by_subset: Mapping[Subset, Runs], assumed: float) -> float:
     """The ICC the verdicts use: estimated from every arm's runs (as the other designs do), never
     below the study's assumed one."""
-    from orchestrator.sequential import ArmRuns
-
-    arms = {
-        "|".join(sorted(s)): ArmRuns("|".join(sorted(s)), {i: tuple(c) for i, c in enumerate(runs)})
-        for s, runs in runs_by_subset.items()
-    }
-    longest = max((len(r) for r in runs_by_subset.values()), default=0)
-    return icc_at(arms, longest, assumed) if arms else assumed
+    return plug_in_icc(list(runs_by_subset.values()), assumed)
 
 
 def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: Settings) -> Search:
@@ -321,7 +320,7 @@ def next_round(
     need, role = result.need, result.trials[-1].role
     have = started.get(need, set())
     first = next_repetition(have)
-    count = max(1, settings.min_runs - len(runs.get(need, ()))) if not have else 1
+    count = max(1, settings.min_runs) if not have else 1  # a new subset: no verdict before min_runs
     fresh = not have
     jobs = [(need, first + i, fresh and i == 0 and role in ("good", "deploy")) for i in range(count)]
     if fresh and role == "deploy" and need:
@@ -377,7 +376,7 @@ def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
         "error_bound": bound,
         "error_bound_covers": covered,
         "sessions": spent,
-        "one_at_a_time_sessions": (len(ids) + 1) * ONE_AT_A_TIME_STARTS * run_size,
+        "one_at_a_time_sessions": one_at_a_time_sessions(len(ids), run_size),
         "runs_started": sum(len(s) for s in started.values()),
     }
 

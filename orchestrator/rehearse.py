@@ -407,7 +407,7 @@ def rehearse_ddmin(
         "trials_per_study": sum(len(b["trials"]) for b in blocks) / studies,
         "covered": sum(1 for b in blocks if b["error_bound_covers"] == "covers the answer") / studies,
         "mean_error_bound": sum(b["error_bound"] for b in blocks) / studies,
-        "one_at_a_time_sessions": (len(ids) + 1) * ddmin.ONE_AT_A_TIME_STARTS * sessions,
+        "one_at_a_time_sessions": ddmin.one_at_a_time_sessions(len(ids), sessions),
         "one_at_a_time": one_at_a_time_rehearsal(spec, truth_of, truth, sessions, studies, seed, kill_rate),
     }
 

@@ -464,11 +464,16 @@ def bench_arms(
     return candidates
 
 
-def icc_at(arms: Mapping[str, ArmRuns], round_index: int, assumed: float) -> float:
-    """The study's ICC from the runs of rounds <= round_index (as `analysis.between_runs` estimates it
-    for a whole study), never below `assumed`."""
-    found = dispersion([a.upto(round_index) for a in arms.values()])
+def plug_in_icc(arm_runs: Sequence[Sequence[Sequence[int]]], assumed: float) -> float:
+    """The study's ICC from its arms' runs (as `analysis.between_runs` estimates it for a whole study),
+    never below `assumed`: the ICC the e-values use at a look."""
+    found = dispersion(arm_runs)
     return max(found.icc, assumed) if found.estimated else assumed
+
+
+def icc_at(arms: Mapping[str, ArmRuns], round_index: int, assumed: float) -> float:
+    """`plug_in_icc` on the runs of rounds <= round_index."""
+    return plug_in_icc([a.upto(round_index) for a in arms.values()], assumed)
 
 
 def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]) -> list[Look]:

@@ -110,13 +110,12 @@ class StudySweeper(BasicSweeper):
             log.info("no sweep given: running the default study sweep %s", dict(self.default_params))
             self.params, design = dict(self.default_params), self.default_design
         self.design_run = sweep_design(self.config, adhoc) if design == self.design else design
+        params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         if searching:
             if not self.study.ddmin.differences:
                 raise HydraException("design=ddmin needs study.ddmin.differences (see orchestrator/ddmin.py)")
-            params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
             self._ddmin_base = ddmin_base(choices_of(parser.parse_overrides(params_conf))) + extra
         if design in ("ofat", "sequential"):
-            params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
             choices = choices_of(parser.parse_overrides(params_conf))
             if design == "sequential":
                 from orchestrator.plan import arm_label
