@@ -8,6 +8,7 @@ tests call directly.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.arm import ArmSkip, StressThenBench, prepare, run_arm
+from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
 from orchestrator.checks import check_local_side
 from orchestrator.config import CONF_DIR, load_job
 from orchestrator.lease import LeaseHeld
 from orchestrator.preflight import PreflightError
 from orchestrator.redact import redact_text
+from orchestrator.schema import JobConf
 
 log = logging.getLogger("orchestrator")
 
@@ -37,14 +39,17 @@ class Interrupted(KeyboardInterrupt):
 
 
 def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
-    """One job of the sweep: load and check it, skip it on resume, else run its arm."""
-    from orchestrator.remote import make_transports
-    from orchestrator.tracking import ArmTracker, finished_runs, parent_run_id
+    """One job of the sweep: load and check it, skip it on resume, else run its arm (on a member of its
+    cluster pool, held for the whole arm, when it has one)."""
+    from orchestrator.config import on_cluster
+    from orchestrator.tracking import finished_runs
 
     job = load_job(cfg)
     check_local_side(job.tracking.uri, job.report.dir)
     finished = finished_runs(job.tracking.uri, job.study.name) if job.resume else set()
-    step = prepare(job, finished)
+    pool = job.cluster_pool
+    # (a skip needs no cluster: the signature does not depend on hosts)
+    step = prepare(on_cluster(job, next(iter(pool.clusters))) if pool else job, finished)
     if isinstance(step, ArmSkip):
         log.info(
             "resume: %s repetition %d (signature %s) already FINISHED; skipped",
@@ -53,17 +58,63 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
             step.signature,
         )
         return step.summary()
+    if pool is None:
+        return run_on_cluster(job, cfg, output_dir)
+    from orchestrator import pool as cluster_pool
+    from orchestrator.tracking import tag_run
+
+    holder = cluster_pool.PoolHolder(
+        label=f"study {job.study.name}, arm {step.label} #{step.repetition}",
+        study=job.study.name,
+        tracking_uri=job.tracking.uri,
+    )
+
+    def lease_ended(hold: cluster_pool.Hold, end: float) -> None:
+        if hold.run_id:
+            tag_run(job.tracking.uri, hold.run_id, {"lease.end": cluster_pool.iso(end)})
+
+    with cluster_pool.held(cluster_pool.lessor_for(pool), holder, lease_ended) as hold:
+        if hold.grant.lost is not None:
+            log.warning(
+                "cluster pool: %s was lost by an earlier arm (%s); this arm's co-restart stops what it "
+                "left running before anything starts",
+                hold.member,
+                hold.grant.lost.reason,
+            )
+            cluster_pool.mark_lost_run(hold.grant.lost, f"by the next arm on {hold.member}")
+        return run_on_cluster(on_cluster(job, hold.member), cfg, output_dir, hold)
+
+
+def run_on_cluster(job: JobConf, cfg: DictConfig, output_dir: Path, hold: Any = None) -> dict[str, Any]:
+    """Run the job's arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
+    from orchestrator import pool as cluster_pool
+    from orchestrator.remote import make_transports
+    from orchestrator.tracking import ArmTracker, parent_run_id
+
+    step = prepare(job, set())
+    assert isinstance(step, ArmStart)
     output_dir.mkdir(parents=True, exist_ok=True)
     config_file = output_dir / "resolved_config.yaml"
     job_keys = [k for k in cfg if k != "hydra"]  # a composed config may carry Hydra's own node
-    text = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, job_keys), resolve=True)
+    recorded = OmegaConf.masked_copy(cfg, job_keys)
+    if hold is not None:  # the cluster it ran on, not the unused `cluster` default
+        recorded.cluster = cfg.cluster_pool.clusters[hold.member]
+    text = OmegaConf.to_yaml(recorded, resolve=True)
     config_file.write_text(redact_text(text, step.plan.secrets))
     transports = make_transports({role: rp.host for role, rp in step.plan.roles.items()})
     parent = parent_run_id(job.parent_run_id, job.sweep_dir)
     tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent)
+    placement = {"cluster": job.cluster.name}
+    if hold is not None:
+        hold.run_id = tracker.run_id
+        placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
+    tracker.log_tags(placement)
     tracker.log_artifact(config_file)
+    host_holder = hold.grant.host_holder if hold is not None else None
     try:
-        return run_arm(step, transports, tracker, StressThenBench(step.repetition), output_dir)
+        return run_arm(
+            step, transports, tracker, StressThenBench(step.repetition), output_dir, holder=host_holder
+        )
     except KeyboardInterrupt as e:
         kept = _lines(output_dir / "stress" / "sessions.jsonl")
         raise Interrupted(
@@ -79,6 +130,11 @@ def _lines(path: Path) -> int:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
+    runtime = HydraConfig.get().runtime
+    if Path(runtime.cwd).is_dir():
+        # the command's directory, where the config's relative paths point (tracking.uri, report.dir):
+        # a launcher that runs jobs in other processes (Ray's workers) starts them elsewhere
+        os.chdir(runtime.cwd)
     try:
         return run_job(cfg, Path(HydraConfig.get().runtime.output_dir))
     except (PreflightError, LeaseHeld) as e:

@@ -275,9 +275,11 @@ def run_arm(
     workload: Workload,
     out_dir: Path,
     on_event: Callable[[str], None] = log.info,
+    holder: Holder | None = None,
 ) -> dict[str, Any]:
     """Run one prepared arm on its hosts and record it; returns the job's summary. The tracker's run
-    ends here (FINISHED, FAILED or KILLED) and the transports are closed."""
+    ends here (FINISHED, FAILED or KILLED) and the transports are closed. `holder`: the lease holder that
+    already took this cluster's host leases (a pool's pick, pool.py); the arm holds them under it."""
     plan = start.plan
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("arm %s, repetition %d, signature %s", start.label, start.repetition, plan.signature)
@@ -292,7 +294,7 @@ def run_arm(
             tracker.fail(str(e))
             raise
         # the cluster is this arm's from before the first stop until after the last one
-        holder = Holder.this_process(
+        holder = holder or Holder.this_process(
             f"study {start.study}, arm {start.label} #{start.repetition} (MLflow run {tracker.run_id})"
         )
         work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}

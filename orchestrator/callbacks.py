@@ -12,6 +12,7 @@ import atexit
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,7 @@ class StudyCallback(Callback):
             return
         paths: list[Path] = []
         failure = headline = None
+        _clean_up_pool(config)
         try:
             paths = build_report(
                 self._uri,
@@ -133,3 +135,22 @@ class StudyCallback(Callback):
         except Exception:
             log.exception("could not mark parent run %s KILLED", self.run_id)
         self._ended = True
+
+
+def _clean_up_pool(config: DictConfig) -> None:
+    """Under Ray, the members of the study's cluster pool that a lost arm left behind are torn down and
+    that arm's run ended FAILED, before the report counts it (pool.clean_up_lost)."""
+    if config.get("cluster_pool") is None or "ray" not in sys.modules:
+        return
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        from orchestrator.pool import clean_up_lost
+
+        cleaned = clean_up_lost(load_job(config))
+        if cleaned:
+            log.warning("cluster pool: tore down %s after lost arms", ", ".join(cleaned))
+    except Exception:
+        log.exception("could not clean up the cluster pool's lost members")

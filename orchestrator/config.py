@@ -9,6 +9,7 @@ returns every problem at once, each naming the key and what is accepted.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from orchestrator.plan import BAD, GOOD, arm_problems
 from orchestrator.schema import (
     ROLES,
     ClusterHosts,
+    ClusterPoolConf,
     FactorLevel,
     FactorRoles,
     JobConf,
@@ -59,6 +61,7 @@ class ConfigError(CompactHydraException, ValueError):
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(group="cluster", name="schema_cluster", node=schema.ClusterConf)
+    cs.store(group="cluster_pool", name="schema_cluster_pool", node=schema.ClusterPoolConf)
     cs.store(group="deployment", name="schema_deployment", node=schema.DeploymentConf)
     cs.store(group="workload", name="schema_stress", node=schema.StressConf)
     cs.store(group="bench", name="schema_bench", node=schema.BenchConf)
@@ -123,7 +126,10 @@ def load_job(cfg: DictConfig, runtime: HydraRuntime | None = None) -> JobConf:
         if selected is not None:
             factors[str(name)] = selected
     typed: dict[str, Any] = {}
-    for key in ("cluster", "deployment", "study", "workload", "bench", "tracking", "report"):
+    keys = ("cluster", "deployment", "study", "workload", "bench", "tracking", "report", "cluster_pool")
+    for key in keys:
+        if key == "cluster_pool" and cfg.get(key) is None:
+            continue
         try:
             typed[key] = OmegaConf.to_object(cfg[key])
         except OmegaConfBaseException as e:
@@ -387,21 +393,10 @@ def validate_flags(where: str, flags: Mapping[str, Any]) -> list[str]:
 def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
     """Every problem of a typed job that its schema cannot express. Pure: touches no host."""
     problems: list[str] = []
-    hosts = job.cluster.hosts
-    for role in ROLES:
-        host = getattr(hosts, role)
-        if host.transport not in TRANSPORTS:
-            problems.append(
-                f"cluster.hosts.{role}.transport: {host.transport!r} is not one of {list(TRANSPORTS)}"
-            )
-        if host.transport == "ssh" and host.ssh.host_key_policy not in HOST_KEY_POLICIES:
-            problems.append(
-                f"cluster.hosts.{role}.ssh.host_key_policy: {host.ssh.host_key_policy!r} is not one "
-                f"of {list(HOST_KEY_POLICIES)}"
-            )
-    if hosts.prefill.bootstrap_port is None:
-        problems.append("cluster.hosts.prefill.bootstrap_port: required (the PD bootstrap port)")
-    problems += port_clashes(hosts)
+    if job.cluster_pool is None:
+        problems += cluster_problems(job.cluster.hosts, "cluster")
+    else:
+        problems += pool_problems(job.cluster_pool)
     for role in ROLES:
         launch = getattr(job.deployment.roles, role)
         where = f"deployment.roles.{role}"
@@ -410,7 +405,8 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
         problems += validate_env(where, launch.env)
         problems += validate_flags(where, launch.flags)
     if not problems:
-        problems += arm_problems(job)
+        for on_one in jobs_on_pool(job):
+            problems += arm_problems(on_one)
     levels = {name: sel.option for name, sel in job.factors.items()}
     problems += validate_study(job.study, levels, known)
     if job.study.test not in TESTS:
@@ -442,7 +438,26 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
     return problems
 
 
-def port_clashes(hosts: ClusterHosts) -> list[str]:
+def cluster_problems(hosts: ClusterHosts, where: str) -> list[str]:
+    """What is wrong with one cluster's hosts; `where` is its config key (`cluster`, or a pool member's)."""
+    problems: list[str] = []
+    for role in ROLES:
+        host = getattr(hosts, role)
+        if host.transport not in TRANSPORTS:
+            problems.append(
+                f"{where}.hosts.{role}.transport: {host.transport!r} is not one of {list(TRANSPORTS)}"
+            )
+        if host.transport == "ssh" and host.ssh.host_key_policy not in HOST_KEY_POLICIES:
+            problems.append(
+                f"{where}.hosts.{role}.ssh.host_key_policy: {host.ssh.host_key_policy!r} is not one "
+                f"of {list(HOST_KEY_POLICIES)}"
+            )
+    if hosts.prefill.bootstrap_port is None:
+        problems.append(f"{where}.hosts.prefill.bootstrap_port: required (the PD bootstrap port)")
+    return problems + port_clashes(hosts, where)
+
+
+def port_clashes(hosts: ClusterHosts, where: str = "cluster") -> list[str]:
     """Two servers on one address given one port: the second cannot bind, and health checks of its
     URL would be answered by the first."""
     problems: list[str] = []
@@ -450,14 +465,57 @@ def port_clashes(hosts: ClusterHosts) -> list[str]:
     for role in ROLES:
         host = getattr(hosts, role)
         for key, port in host.ports().items():
-            where = f"cluster.hosts.{role}.{key}"
-            other = taken.setdefault((host.address, port), where)
-            if other != where:
+            here = f"{where}.hosts.{role}.{key}"
+            other = taken.setdefault((host.address, port), here)
+            if other != here:
                 problems.append(
-                    f"{where}: port {port} on {host.address} is also {other}; accepted: a port "
+                    f"{here}: port {port} on {host.address} is also {other}; accepted: a port "
                     f"no other server of the deployment uses on that address"
                 )
     return problems
+
+
+def pool_problems(pool: ClusterPoolConf) -> list[str]:
+    """Each member checked as a cluster, and no two members sharing a port or a work dir on one address
+    (two arms at once would bind the same port, or stop each other's servers through the pid files)."""
+    if not pool.clusters:
+        return [f"cluster_pool.clusters: pool {pool.name!r} names no cluster; accepted: one or more"]
+    problems: list[str] = []
+    ports: dict[tuple[str, int], str] = {}
+    dirs: dict[tuple[str, str], str] = {}
+    for member, cluster in pool.clusters.items():
+        where = f"cluster_pool.clusters.{member}"
+        problems += cluster_problems(cluster.hosts, where)
+        for role in ROLES:  # (roles of one member may share an address or a work dir)
+            host = getattr(cluster.hosts, role)
+            for key, port in host.ports().items():
+                other = ports.setdefault((host.address, port), f"{where}.hosts.{role}.{key}")
+                if not other.startswith(f"{where}."):
+                    problems.append(
+                        f"{where}.hosts.{role}.{key}: port {port} on {host.address} is also {other}; "
+                        f"accepted: ports no other cluster of the pool uses on that address"
+                    )
+            work_dir = host.work_dir.rstrip("/")
+            other = dirs.setdefault((host.address, work_dir), f"{where}.hosts.{role}.work_dir")
+            if not other.startswith(f"{where}."):
+                problems.append(
+                    f"{where}.hosts.{role}.work_dir: {work_dir} on {host.address} is also {other}; "
+                    f"accepted: a work dir of this cluster only (its pid files and lease live there)"
+                )
+    return problems
+
+
+def on_cluster(job: JobConf, member: str) -> JobConf:
+    """The job as it runs on one member of its pool."""
+    assert job.cluster_pool is not None
+    return dataclasses.replace(job, cluster=job.cluster_pool.clusters[member])
+
+
+def jobs_on_pool(job: JobConf) -> list[JobConf]:
+    """The job on each cluster it may run on: its pool's members, or its one cluster."""
+    if job.cluster_pool is None:
+        return [job]
+    return [on_cluster(job, member) for member in job.cluster_pool.clusters]
 
 
 def _yaml_bool(value: Any) -> bool:

@@ -124,6 +124,9 @@ class HostLease:
             f"mkdir -p {shlex.quote(self.work_dir)} || exit 3; "
             f"if mkdir {d} 2>/dev/null; then printf '%s\\n' {info} >{d}/holder.json && touch {d}/heartbeat "
             f"&& echo TAKEN; exit 0; fi; "
+            # re-entrant: a holder that took it already (a pool pick, then the arm) has it
+            f"grep -q {shlex.quote(holder.id)} {d}/holder.json 2>/dev/null && touch {d}/heartbeat "
+            f"&& echo TAKEN && exit 0; "
             # the heartbeat's age by the host's own clock (no skew); a take still half-way has only the dir
             f"echo HELD; now=$(date +%s); hb=$(stat -c %Y {d}/heartbeat 2>/dev/null || stat -c %Y {d}); "
             f'echo "$((now - hb))"; cat {d}/holder.json 2>/dev/null'
@@ -199,6 +202,31 @@ def acquire(
     except BaseException:
         release(taken, holder)
         raise
+
+
+def try_acquire(leases: Sequence[HostLease], holder: Holder, conf: LeaseConf) -> bool:
+    """Take every lease now or none (a stale holder's is taken over): False, having given back what it
+    took, when a live holder has one. How a pool outside Ray picks a free cluster (pool.py)."""
+    here = socket.gethostname()
+    taken: list[HostLease] = []
+    for lease in leases:
+        while True:
+            ok, current, age = lease.try_take(holder)
+            if ok:
+                taken.append(lease)
+                break
+            if current is None and age == 0.0:
+                continue  # it went away between the two checks
+            if not is_stale(current, age, conf.stale_after_s, here, _local_start_time):
+                release(taken, holder)
+                return False
+            log.warning(
+                "lease on %s: %s is gone; taking the cluster over",
+                lease.where,
+                current.describe() if current else "a holder that left no record",
+            )
+            lease.take_over(current)
+    return True
 
 
 def _acquire_one(

@@ -107,6 +107,18 @@ class ClusterConf:
 
 
 @dataclass
+class ClusterPoolConf:
+    """Several PD clusters (each what `cluster` is): every arm runs on one of them, which it holds for the
+    whole arm (see pool.py). The key of `clusters` is the member's name in provenance and reports."""
+
+    name: str = MISSING
+    clusters: dict[str, ClusterConf] = field(default_factory=dict)
+    # under Ray: a holder that has not renewed its lease for this long is lost (its worker or node died)
+    # and the cluster comes back, to be torn down before its next arm
+    lease_ttl_s: float = 30.0
+
+
+@dataclass
 class RoleLaunch:
     # `python -m <module>`; leave null and set `command` for a launcher script
     module: str | None = None
@@ -366,3 +378,5 @@ class JobConf:
     parent_run_id: str | None = None
     # the sweep's directory (where the parent run id is left for the jobs), when run by Hydra
     sweep_dir: str | None = None
+    # `cluster_pool=NAME`: the arm runs on one of these clusters instead of `cluster` (pool.py picks it)
+    cluster_pool: ClusterPoolConf | None = None

@@ -224,6 +224,23 @@ def end_run_refused(uri: str, run_id: str, reason: str) -> None:
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 
+def tag_run(uri: str, run_id: str, tags: Mapping[str, str]) -> None:
+    """Tags on a run, ended or not (where the arm ran, when its lease ended)."""
+    client = make_client(uri)
+    client.log_batch(run_id, tags=[RunTag(k, str(v)[:MAX_TAG]) for k, v in tags.items()])
+
+
+def end_lost_run(uri: str, run_id: str, reason: str, lost_at: str) -> bool:
+    """End the run of an arm whose holder was lost (pool.py) FAILED with the reason, if it is still
+    RUNNING (a holder may die after its run ended); False when it had ended."""
+    client = make_client(uri)
+    if client.get_run(run_id).info.status != "RUNNING":
+        return False
+    tag_run(uri, run_id, {"failure_reason": reason, "lease.end": lost_at, "lease.lost": reason})
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    return True
+
+
 def parent_run_id(explicit: str | None, sweep_dir: str | None) -> str | None:
     """The sweep's parent run: `explicit` (the job's parent_run_id) if set, else $HEISENHUNT_PARENT_RUN_ID,
     else the file in the sweep dir, else None (a job run on its own)."""
@@ -431,6 +448,9 @@ class ArmTracker:
         items = [RunTag(k, self.redact(str(v))[:MAX_TAG]) for k, v in tags.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, tags=items[i : i + 100])
+
+    def log_tags(self, tags: Mapping[str, Any]) -> None:
+        self._tags(tags)
 
     def log_provenance(self, role: str, info: Mapping[str, Any]) -> None:
         self._tags({f"provenance.{role}.{key}": value for key, value in info.items()})

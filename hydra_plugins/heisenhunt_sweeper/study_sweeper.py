@@ -249,7 +249,7 @@ class StudySweeper(BasicSweeper):
         # (Hydra's own check composes every job too: this one does that and more, so it replaces it)
         assert self.hydra_context is not None and self.config is not None
         from orchestrator.checks import check_local_side
-        from orchestrator.config import ConfigError, load_job
+        from orchestrator.config import ConfigError, jobs_on_pool, load_job
         from orchestrator.plan import plan_arm
         from orchestrator.preflight import check_sweep_on_hosts
 
@@ -261,6 +261,8 @@ class StudySweeper(BasicSweeper):
         except ConfigError as e:
             problems += e.problems
         planned = []
+        # with a cluster pool, every arm on every member (an arm may run on any): the hosts check each
+        on_members = []
         # repetitions of one arm differ only in `repetition`, which nothing in the arm's plan reads: each
         # arm is composed and planned once (a dsv4 study: 5 compositions instead of 15)
         arms: dict[tuple, object] = {}
@@ -270,14 +272,15 @@ class StudySweeper(BasicSweeper):
             if key not in arms:
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                 try:
-                    arms[key] = plan_arm(load_job(cfg))
+                    arms[key] = [plan_arm(job) for job in jobs_on_pool(load_job(cfg))]
                 except ConfigError as e:
                     arms[key] = e
             found = arms[key]
             if isinstance(found, ConfigError):
                 problems += [f"{p}{JOB_SEP}{job_name}" for p in found.problems]
             else:
-                planned.append((job_name, found))
+                planned.append((job_name, found[0]))
+                on_members += [(job_name, plan) for plan in found]
             problems += [f"{p}{JOB_SEP}{job_name}" for p in repetition_problems(overrides)]
         if not problems and not dry_run:
             self._record_planned(planned, batch)
@@ -287,7 +290,7 @@ class StudySweeper(BasicSweeper):
             print(arm_listing(planned, self.study.baseline, self.study.name, self.design_run), flush=True)
             return
         if not problems:
-            problems += [f"{p}{JOB_SEP}{job}" for p, job in check_sweep_on_hosts(planned)]
+            problems += [f"{p}{JOB_SEP}{job}" for p, job in check_sweep_on_hosts(on_members)]
         if problems:
             error = ConfigError(collapse(problems, len(batch)))
             self._end_parent_refused(planned, str(error))

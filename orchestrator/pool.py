@@ -1,0 +1,515 @@
+"""A pool of PD clusters (`cluster_pool=NAME`): which cluster an arm runs on, held for the whole arm.
+
+An arm takes one member of its pool before anything is planned against hosts, holds it through preflight,
+co-restart, stress, bench and teardown, and gives it back in `finally`. Who decides which member:
+
+- **Under Ray** (the job runs in a Ray task: `hydra/launcher=heisenhunt_ray`, or Hydra's own `ray`), one
+  named Ray actor per pool, `PoolLessor`, in the Ray cluster (namespace "heisenhunt", detached, so every
+  study on that Ray cluster shares it). It grants a free member, or makes the taker wait. The holder
+  renews its lease every `lease_ttl_s / 4`; a holder silent for `lease_ttl_s` is lost (its worker or node
+  died), and so is one whose Ray task the launcher saw fail (`lose_task`, at once). A lost member comes
+  back marked lost: whoever takes it next first marks the lost arm's MLflow run FAILED with the reason,
+  and its co-restart stops what the lost arm left running before anything starts; a member still lost
+  when the sweep ends is torn down then (`clean_up_lost`, from the study callback).
+- **Elsewhere** (Hydra's basic launcher, or joblib on one host), the host-side leases of lease.py decide:
+  the first member whose host leases are all free is taken. There is no second lease mechanism.
+
+Either way, lease.py's host leases are also taken by the arm itself (`arm.run_arm`), so a study started by
+hand on a member's hosts and a pooled arm never run there at once.
+
+The lease state is a pure value (`PoolState`, its transitions plain functions); the Ray actor only
+holds it and wakes waiters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from orchestrator.schema import ClusterPoolConf, JobConf
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "heisenhunt"
+BY_RAY, BY_HOST_LEASES = "ray", "host leases"
+
+
+# --- the lease state (pure) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolHolder:
+    """Who holds a member: for people (label), for recovery (its run, where it is recorded) and for Ray
+    (its task, to be told apart when the launcher sees that task fail)."""
+
+    label: str
+    study: str
+    tracking_uri: str
+    hostname: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    task_id: str | None = None
+    node_id: str | None = None
+    run_id: str | None = None
+
+    def describe(self) -> str:
+        where = f"pid {self.pid} on {self.hostname}" + (
+            f", Ray task {self.task_id[:12]}" if self.task_id else ""
+        )
+        return f"{self.label} ({where})"
+
+
+@dataclass(frozen=True)
+class PoolLease:
+    member: str
+    token: str
+    holder: PoolHolder
+    since: float  # unix time
+    beat: float
+
+
+@dataclass(frozen=True)
+class LostLease:
+    """A lease whose holder was lost before giving it back: its member may still run that arm's servers."""
+
+    lease: PoolLease
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a taker gets: its lease, and the lost lease it found on that member (to recover first)."""
+
+    lease: PoolLease
+    lost: LostLease | None = None
+    by: str = BY_RAY
+    # outside Ray: the lease.py holder that took the member's host leases (the arm re-enters them)
+    host_holder: Any = None
+
+    @property
+    def member(self) -> str:
+        return self.lease.member
+
+
+@dataclass
+class PoolState:
+    members: tuple[str, ...]
+    leases: dict[str, PoolLease] = field(default_factory=dict)
+    lost: dict[str, LostLease] = field(default_factory=dict)
+
+
+def expire(state: PoolState, now: float, ttl_s: float) -> list[LostLease]:
+    """Leases not renewed within ttl_s become lost; returns those."""
+    gone = []
+    for member, lease in list(state.leases.items()):
+        if now - lease.beat > ttl_s:
+            reason = (
+                f"its holder, {lease.holder.describe()}, stopped renewing its lease on {member} "
+                f"{now - lease.beat:.0f}s before (its Ray worker or node was lost)"
+            )
+            gone.append(_lose(state, member, reason, now))
+    return gone
+
+
+def _lose(state: PoolState, member: str, reason: str, now: float) -> LostLease:
+    lost = LostLease(state.leases.pop(member), reason, now)
+    state.lost[member] = lost
+    return lost
+
+
+def take(
+    state: PoolState, holder: PoolHolder, now: float, token: str, only: Sequence[str] | None = None
+) -> Grant | None:
+    """The first free member (one not lost first), leased to `holder`; None when all are held."""
+    free = [m for m in state.members if m not in state.leases and (only is None or m in only)]
+    if not free:
+        return None
+    member = min(free, key=lambda m: m in state.lost)  # stable: pool order, clean before lost
+    lease = PoolLease(member=member, token=token, holder=holder, since=now, beat=now)
+    state.leases[member] = lease
+    return Grant(lease=lease, lost=state.lost.pop(member, None))
+
+
+def renew(state: PoolState, member: str, token: str, now: float, run_id: str | None = None) -> bool:
+    """Renew a lease (and record its holder's run); False when it is no longer this token's."""
+    lease = state.leases.get(member)
+    if lease is None or lease.token != token:
+        return False
+    holder = dataclasses.replace(lease.holder, run_id=run_id) if run_id else lease.holder
+    state.leases[member] = dataclasses.replace(lease, beat=now, holder=holder)
+    return True
+
+
+def give_back(state: PoolState, member: str, token: str) -> bool:
+    lease = state.leases.get(member)
+    if lease is None or lease.token != token:
+        return False
+    del state.leases[member]
+    return True
+
+
+def lose_task(state: PoolState, task_id: str, reason: str, now: float) -> LostLease | None:
+    """The launcher saw this Ray task fail: its lease (if it still holds one) is lost now."""
+    for member, lease in list(state.leases.items()):
+        if lease.holder.task_id == task_id:
+            return _lose(state, member, reason, now)
+    return None
+
+
+# --- the Ray actor ---------------------------------------------------------------------------------------
+
+
+class PoolLessor:
+    """The Ray actor of one pool (async: a waiting taker does not block the others)."""
+
+    def __init__(self, members: Sequence[str], ttl_s: float):
+        self.state = PoolState(members=tuple(members))
+        self.ttl_s = float(ttl_s)
+        self.changed: asyncio.Condition | None = None
+
+    def _cond(self) -> asyncio.Condition:
+        if self.changed is None:  # made on the actor's own event loop
+            self.changed = asyncio.Condition()
+        return self.changed
+
+    async def acquire(
+        self, holder: PoolHolder, only: Sequence[str] | None = None, timeout_s: float | None = None
+    ) -> Grant | None:
+        cond, deadline = self._cond(), None if timeout_s is None else time.time() + timeout_s
+        async with cond:
+            while True:
+                now = time.time()
+                expire(self.state, now, self.ttl_s)
+                grant = take(self.state, holder, now, uuid.uuid4().hex, only)
+                if grant is not None or (deadline is not None and now >= deadline):
+                    return grant
+                wait = self.ttl_s / 4 if deadline is None else min(self.ttl_s / 4, deadline - now)
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(cond.wait(), timeout=max(0.05, wait))
+
+    async def renew(self, member: str, token: str, run_id: str | None = None) -> bool:
+        return renew(self.state, member, token, time.time(), run_id)
+
+    async def release(self, member: str, token: str) -> bool:
+        cond = self._cond()
+        async with cond:
+            done = give_back(self.state, member, token)
+            cond.notify_all()
+        return done
+
+    async def lose_task(self, task_id: str, reason: str) -> LostLease | None:
+        cond = self._cond()
+        async with cond:
+            lost = lose_task(self.state, task_id, reason, time.time())
+            cond.notify_all()
+        return lost
+
+    async def lost_members(self) -> list[str]:
+        expire(self.state, time.time(), self.ttl_s)
+        return sorted(m for m in self.state.lost if m not in self.state.leases)
+
+    async def snapshot(self) -> PoolState:
+        return dataclasses.replace(self.state, leases=dict(self.state.leases), lost=dict(self.state.lost))
+
+
+def actor_name(pool: ClusterPoolConf) -> str:
+    """One actor per pool and membership: a pool redefined with other clusters gets its own."""
+    members = ",".join(
+        f"{m}={c.hosts.prefill.address}:{c.hosts.prefill.port}" for m, c in sorted(pool.clusters.items())
+    )
+    return f"heisenhunt-pool-{pool.name}-{hashlib.sha256(members.encode()).hexdigest()[:10]}"
+
+
+def pool_actor(pool: ClusterPoolConf, create: bool = True) -> Any:
+    """The pool's lessor actor in the connected Ray cluster (created by the first taker), or None."""
+    import ray
+
+    name = actor_name(pool)
+    if not create:
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return None
+    return (
+        ray.remote(PoolLessor)
+        .options(name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0)
+        .remote(sorted(pool.clusters), pool.lease_ttl_s)
+    )
+
+
+def in_ray_task() -> bool:
+    """Whether this process is a Ray worker running a task (then Ray decides who runs where)."""
+    import sys
+
+    if "ray" not in sys.modules:  # a Ray worker has imported it; nothing else needs to
+        return False
+    import ray
+
+    return bool(ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
+
+
+# --- who decides: the lessors ---------------------------------------------------------------------------
+
+
+class Lessor(Protocol):
+    def acquire(self, holder: PoolHolder) -> Grant: ...
+    def renew(self, grant: Grant, run_id: str | None = None) -> bool: ...
+    def release(self, grant: Grant) -> None: ...
+
+    renew_every_s: float | None
+
+
+class RayLessor:
+    """The pool's Ray actor, from a job running in a Ray task."""
+
+    def __init__(self, pool: ClusterPoolConf):
+        self.actor = pool_actor(pool)
+        self.renew_every_s: float | None = pool.lease_ttl_s / 4
+
+    def acquire(self, holder: PoolHolder) -> Grant:
+        import ray
+
+        context = ray.get_runtime_context()
+        holder = dataclasses.replace(holder, task_id=context.get_task_id(), node_id=context.get_node_id())
+        grant = ray.get(self.actor.acquire.remote(holder))
+        assert grant is not None
+        return grant
+
+    def renew(self, grant: Grant, run_id: str | None = None) -> bool:
+        import ray
+
+        return bool(ray.get(self.actor.renew.remote(grant.member, grant.lease.token, run_id), timeout=30))
+
+    def release(self, grant: Grant) -> None:
+        import ray
+
+        ray.get(self.actor.release.remote(grant.member, grant.lease.token), timeout=30)
+
+
+class HostLeaseLessor:
+    """Outside Ray: the first member whose host leases (lease.py) are all free; waits while all are held.
+    The grant keeps the host leases taken, under the holder `arm.run_arm` is then given, so the arm holds
+    them from the pick to its last teardown step."""
+
+    def __init__(
+        self,
+        pool: ClusterPoolConf,
+        make_transports: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        close_all: Callable[[Mapping[str, Any]], None],
+    ):
+        self.pool = pool
+        self.make_transports = make_transports
+        self.close_all = close_all
+        self.renew_every_s: float | None = None  # the arm's own host leases beat (lease.held)
+        self.taken: dict[str, tuple[list, Mapping[str, Any]]] = {}
+
+    def acquire(self, holder: PoolHolder) -> Grant:
+        from orchestrator import lease as host_lease
+
+        conf = next(iter(self.pool.clusters.values())).lease
+        lease_holder = host_lease.Holder.this_process(holder.label)
+        start, said = time.monotonic(), -1e9
+        while True:
+            for member, cluster in self.pool.clusters.items():
+                transports = self.make_transports(_hosts(cluster))
+                leases = host_lease.cluster_leases(
+                    transports, {r: getattr(cluster.hosts, r).work_dir for r in transports}
+                )
+                if not host_lease.try_acquire(leases, lease_holder, conf):
+                    self.close_all(transports)
+                    continue
+                now = time.time()
+                self.taken[member] = (leases, transports)
+                lease = PoolLease(member, lease_holder.id, holder, now, now)
+                return Grant(lease=lease, by=BY_HOST_LEASES, host_holder=lease_holder)
+            waited = time.monotonic() - start
+            if waited >= conf.wait_s:
+                raise host_lease.LeaseHeld(f"every cluster of pool {self.pool.name}", None, waited)
+            if waited - said >= 30:
+                log.warning(
+                    "every cluster of pool %s is held; waiting (up to %.0fs)", self.pool.name, conf.wait_s
+                )
+                said = waited
+            time.sleep(conf.poll_s)
+
+    def renew(self, grant: Grant, run_id: str | None = None) -> bool:
+        return True
+
+    def release(self, grant: Grant) -> None:
+        from orchestrator import lease as host_lease
+
+        leases, transports = self.taken.pop(grant.member, ([], {}))
+        host_lease.release(leases, grant.host_holder)
+        self.close_all(transports)
+
+
+def _hosts(cluster: Any) -> dict[str, Any]:
+    from orchestrator.schema import ROLES
+
+    return {role: getattr(cluster.hosts, role) for role in ROLES}
+
+
+def lessor_for(pool: ClusterPoolConf) -> Lessor:
+    if in_ray_task():
+        return RayLessor(pool)
+    from orchestrator.remote import close_all, make_transports
+
+    return HostLeaseLessor(pool, make_transports, close_all)
+
+
+# --- holding a member for a whole arm -------------------------------------------------------------------
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds")
+
+
+def lease_tags(pool: ClusterPoolConf, grant: Grant) -> dict[str, str]:
+    """What a run records of where it ran (the end is tagged when the lease is given back)."""
+    cluster = pool.clusters[grant.member]
+    tags = {
+        "cluster": cluster.name,
+        "cluster_pool": pool.name,
+        "cluster_pool.member": grant.member,
+        "lease.by": grant.by,
+        "lease.start": iso(grant.lease.since),
+        "lease.holder": grant.lease.holder.describe(),
+    }
+    if grant.lost is not None:
+        tags["lease.recovered_from"] = grant.lost.reason
+    return tags
+
+
+class Hold:
+    """A member held for an arm: the grant, and the arm's run once it exists (told to the lessor at the
+    next renewal, so that recovery after a lost worker can mark that run FAILED)."""
+
+    def __init__(self, grant: Grant):
+        self.grant = grant
+        self.run_id: str | None = None
+
+    @property
+    def member(self) -> str:
+        return self.grant.member
+
+
+@contextmanager
+def held(lessor: Lessor, holder: PoolHolder, on_end: Callable[[Hold, float], None]) -> Iterator[Hold]:
+    """A member for the block: taken, renewed by a thread while the block runs, given back at the end,
+    then `on_end(hold, end_time)`."""
+    hold = Hold(lessor.acquire(holder))
+    log.info("cluster pool: %s leased to this arm (by %s)", hold.member, hold.grant.by)
+    stop = threading.Event()
+
+    def beat() -> None:
+        assert lessor.renew_every_s is not None
+        while not stop.wait(lessor.renew_every_s):
+            try:
+                if not lessor.renew(hold.grant, hold.run_id):
+                    log.error(
+                        "the lease on %s was declared lost while this arm ran: a later arm may restart it",
+                        hold.member,
+                    )
+            except Exception as e:  # retried at the next beat; only a long outage loses the lease
+                log.warning("lease renewal on %s failed: %s", hold.member, e)
+
+    thread = threading.Thread(target=beat, name="pool-lease", daemon=True) if lessor.renew_every_s else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield hold
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=5)
+        end = time.time()
+        try:
+            lessor.release(hold.grant)
+        except Exception as e:
+            log.error(
+                "could not give %s back to the pool (it comes back when its lease expires): %s",
+                hold.member,
+                e,
+            )
+        on_end(hold, end)
+
+
+# --- recovery of a lost member --------------------------------------------------------------------------
+
+
+def mark_lost_run(lost: LostLease, found_by: str) -> None:
+    """The lost arm's MLflow run ends FAILED with the reason (if it is still RUNNING)."""
+    from orchestrator.tracking import end_lost_run
+
+    run_id = lost.lease.holder.run_id
+    if not run_id:
+        log.warning(
+            "the lost lease on %s names no run (its holder died before starting one)", lost.lease.member
+        )
+        return
+    reason = f"lost: {lost.reason}; the cluster was torn down before its next arm ({found_by})"
+    end_lost_run(lost.lease.holder.tracking_uri, run_id, reason, iso(lost.at))
+
+
+def teardown_member(job: JobConf, member: str) -> list[str]:
+    """Stop what a lost arm left running on a member, under that member's host leases (a study started by
+    hand meanwhile keeps its servers). Returns the problems met."""
+    from orchestrator import lease as host_lease
+    from orchestrator.config import on_cluster
+    from orchestrator.deploy import Deployment
+    from orchestrator.plan import plan_arm
+    from orchestrator.remote import close_all, make_transports
+
+    plan = plan_arm(on_cluster(job, member))
+    transports = make_transports({role: rp.host for role, rp in plan.roles.items()})
+    holder = host_lease.Holder.this_process(f"study {job.study.name}: tearing down {member} after a lost arm")
+    work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
+    try:
+        with host_lease.held(host_lease.cluster_leases(transports, work_dirs), holder, job.cluster.lease):
+            return Deployment(plan, transports, run_label="pool-recovery").stop_all()
+    finally:
+        close_all(transports)
+
+
+def clean_up_lost(job: JobConf) -> list[str]:
+    """At the end of a sweep under Ray: every member of the job's pool still lost is taken, its lost run
+    marked FAILED, its servers stopped, and given back. Returns the members cleaned."""
+    import ray
+
+    assert job.cluster_pool is not None
+    if not ray.is_initialized():
+        return []
+    actor = pool_actor(job.cluster_pool, create=False)
+    if actor is None:
+        return []
+    cleaned = []
+    for member in ray.get(actor.lost_members.remote()):
+        holder = PoolHolder(
+            f"study {job.study.name}: end-of-sweep clean-up", job.study.name, job.tracking.uri
+        )
+        grant = ray.get(actor.acquire.remote(holder, [member], 5.0))
+        if grant is None:
+            continue  # another study took it: its co-restart stops the leftovers
+        try:
+            if grant.lost is not None:
+                log.warning("cluster pool: %s was lost (%s); tearing it down", member, grant.lost.reason)
+                mark_lost_run(grant.lost, "at the end of the sweep")
+                problems = teardown_member(job, member)
+                if problems:
+                    log.error("tearing down %s: %s", member, problems)
+                cleaned.append(member)
+        finally:
+            ray.get(actor.release.remote(member, grant.lease.token))
+    return cleaned
