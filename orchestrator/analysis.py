@@ -40,6 +40,11 @@ Verdicts (hypothesis: baseline arm vs the arm that differs only in the hypothesi
   sessions per arm that would find a difference of the margin with 80% power (`stats.sessions_needed`
   at alpha / number of hypotheses, the strictest step of Holm, times the design effect).
 
+Clusters (`clusters`, from `clusters.report_block`, when runs carry a `cluster` tag): which clusters
+each arm's used runs ran on, the leases of a cluster pool, runs lost with their lease, and per arm that
+ran on two or more clusters whether its rate differs between them beyond restart variation (the verdicts
+pool clusters: reported, never folded into a verdict).
+
 Minimal cause (`minimal_cause`, from `cause.minimal_cause` over every arm of the baseline's conditions,
 not only the hypotheses' pairs): each arm corrupting, clean or undetermined against the same ceiling,
 the smallest conjunctions of factor levels consistent with them, and what the design cannot tell.
@@ -53,7 +58,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import cause, ddmin, decode_load, sequential, stats
+from orchestrator import cause, clusters, ddmin, decode_load, sequential, stats
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
@@ -109,6 +114,9 @@ class RunRecord:
     # the decode's load during the stress run (decode_load.from_record): planned, measured, unknown (why),
     # mean, p50, max; {} for runs logged before it was recorded
     decode_load: dict[str, Any] = field(default_factory=dict)
+    # where it ran: its `cluster` tag and, on a pool, `cluster_pool`, `cluster_pool.member` and `lease.*`
+    # (clusters.placement_of); {} for runs logged before runs recorded it (cluster unknown)
+    placement: dict[str, str] = field(default_factory=dict)
 
 
 # --- small helpers ---------------------------------------------------------------------------------
@@ -306,6 +314,19 @@ def between_runs(runs: Sequence[RunRecord], spec: StudySpec) -> stats.Dispersion
     if found.estimated:
         return stats.Dispersion(found.phi, found.df, max(found.icc, assumed), found.mean_run_size)
     return stats.Dispersion(1.0, 0, assumed, 0.0)
+
+
+def clusters_block(
+    spec: StudySpec, runs: Sequence[RunRecord], between: stats.Dispersion | None = None
+) -> dict[str, Any] | None:
+    """report.json's `clusters` (`clusters.report_block`): where the arms ran, their leases, and whether an
+    arm's rate differs between clusters beyond restart variation; None when no run carries a cluster tag.
+    `between`: the study's ICC, the check's fallback (default: `between_runs`)."""
+    if not any(r.placement.get("cluster") for r in runs):
+        return None
+    if between is None:
+        between = between_runs(runs, spec)
+    return clusters.report_block(spec, runs, run_used, identity, between.icc)
 
 
 def between_summary(between: stats.Dispersion) -> dict[str, Any]:
@@ -765,6 +786,7 @@ def analyse(
         "families": families_block(arms),
         "ddmin": search,
         "minimal_cause": minimal,
+        "clusters": clusters_block(spec, runs, between),
     }
 
 

@@ -459,7 +459,11 @@ def mark_lost_run(lost: LostLease, found_by: str) -> None:
             "the lost lease on %s names no run (its holder died before starting one)", lost.lease.member
         )
         return
-    reason = f"lost: {lost.reason}; the cluster was torn down before its next arm ({found_by})"
+    member = lost.lease.member
+    reason = (
+        f"lost while it held cluster {member} of its pool: {lost.reason}; {member} is torn down before "
+        f"any other arm runs there (found {found_by})"
+    )
     end_lost_run(lost.lease.holder.tracking_uri, run_id, reason, iso(lost.at))
 
 

@@ -15,7 +15,8 @@ Layout in MLflow (experiment = the study's name):
   `ArmTracker`, named `<arm label> #<repetition>`. Params (one line each, so the compare view reads them)
   `factor.<name>` (every factor on every arm, so the compare view lines arms up), `env.<role>.<NAME>`
   (redacted), `workload.*`, `bench.*`. Tags `signature`, `repetition`, `study`, `arm`,
-  `outcomes` (none|partial|complete), `client_bound`, `provenance.<role>.*`, `failure_reason`.
+  `outcomes` (none|partial|complete), `client_bound`, `provenance.<role>.*`, `failure_reason`, `cluster`
+  and on a pool `cluster_pool`, `cluster_pool.member`, `lease.*` (read back as `RunRecord.placement`).
   Metrics: first the arm's outcome, `arm.corrupted`, `arm.sessions` (sessions with an outcome), `arm.rate`
   and its exact interval `arm.rate_ci_low|high` (the `arm.` names sort first in MLflow's alphabetical
   tables, and `arm.rate` is logged first, so the compare view's chart plots it); then `sessions_total`,
@@ -55,6 +56,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator import decode_load
 from orchestrator.analysis import LevelSample, RunRecord
+from orchestrator.clusters import placement_of
 from orchestrator.plan import ArmPlan, arm_label, flag_words
 from orchestrator.redact import redact_env, redact_text
 from orchestrator.results import BenchResult, LogFacts, StressSummary
@@ -747,6 +749,7 @@ def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str
         },
         conditions=json.loads(tags.get("conditions") or "{}"),
         decode_load=decode_load.from_record(metrics, tags),
+        placement=placement_of(tags),
     )
 
 

@@ -62,7 +62,8 @@ class PoolRayLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         init = OmegaConf.to_container(self.ray_cfg.init, resolve=True)
-        init.setdefault("object_store_memory", 78643200)  # as Hydra's launcher: small machines, CI
+        if not init.get("address"):  # a Ray started here: as Hydra's launcher, small for CI machines
+            init.setdefault("object_store_memory", 78643200)
         start_ray(OmegaConf.create(init))
         remote = self._remote_options()
         log.info("Ray launcher: %d jobs", len(job_overrides))

@@ -1,9 +1,9 @@
 """The study report: report.json's facts rendered as markdown (pure), then written with the plots.
 
 `render_markdown(report)` turns the dict that `analysis.analyse` returns into a report that reads like a
-resolved bug report: the headline verdict, the hypothesis table, the minimal cause, the arm table, the
-throughput table, the failed and partial runs, the configuration to deploy and the commands that
-reproduce it.
+resolved bug report: the headline verdict, the hypothesis table, the minimal cause, the arm table, where
+the arms ran (clusters), the throughput table, the failed and partial runs, the configuration to deploy
+and the commands that reproduce it.
 The pipeline from MLflow (`callbacks.build_report`, used at the end of a multirun and by this package's
 CLI) lets the report be rebuilt from the tracking store alone:
 
@@ -470,6 +470,144 @@ def decode_load_section(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def duration(seconds: float | None) -> str:
+    """`1 h 02 min`, `3 min 05 s`, `42 s`."""
+    if seconds is None or not math.isfinite(seconds):
+        return "–"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{seconds:.0f} s" if seconds >= 1 else f"{seconds:.1f} s"
+
+
+def _utc(text: str | None) -> str:
+    """An ISO-8601 lease time as `2026-12-01 22:06:18 UTC` (the tag keeps the microseconds)."""
+    if not text:
+        return "–"
+    day, _, clock = text.partition("T")
+    return f"{day} {clock[:8]} UTC" if clock.endswith("+00:00") else text
+
+
+def _cell(cell: dict[str, Any] | None) -> str:
+    if not cell or not cell["runs"]:
+        return "–"
+    return f"{cell['runs']} run{'s' if cell['runs'] != 1 else ''}, {cell['corrupted']}/{cell['sessions']}"
+
+
+def clusters_section(report: dict[str, Any]) -> list[str]:
+    """Where the arms ran (report.json: `clusters`): the clusters, arms x clusters (runs, corrupted of
+    sessions, of the runs the verdicts use), each cluster's leases, runs lost with their lease, and
+    whether an arm's rate differs between clusters beyond restart variation."""
+    block = report.get("clusters")
+    if not block:
+        return []
+    names = [*block["clusters"], *(["unknown"] if block["unknown_runs"] else [])]
+    out = ["## Clusters", "", block["sentence"], ""]
+    several = len(block["clusters"]) > 1
+    head = ["arm", *(f"{c} (runs, corrupted/sessions)" for c in names)]
+    if several:
+        head.append("share of runs")
+    rows = []
+    for a in block["by_arm"]:
+        row = [a["label"], *(_cell(a["cells"].get(c)) for c in names)]
+        if several:
+            row.append(", ".join(f"{a['share'].get(c, 0.0):.0%} {c}" for c in block["clusters"]) or "–")
+        rows.append(row)
+    out += [
+        "Runs the verdicts use (FINISHED, complete outcomes), per arm and cluster:",
+        "",
+        *_table(head, rows),
+    ]
+    if block["leases"]:
+        head = [
+            "cluster",
+            "pool member",
+            "lease by",
+            "arms",
+            "runs",
+            "first start",
+            "last end",
+            "busy",
+            "of span",
+        ]
+        rows = [
+            [
+                le["cluster"],
+                ", ".join(le["members"]) or "–",
+                ", ".join(le["by"]) or "–",
+                ", ".join(le["arms"]),
+                le["runs"] if not le["open"] else f"{le['runs']} ({le['open']} without an end)",
+                _utc(le["first_start"]),
+                _utc(le["last_end"]),
+                duration(le["busy_s"]),
+                pct(le["busy_fraction"], 0),
+            ]
+            for le in block["leases"]
+        ]
+        out += [
+            "Leases (every run that held one; busy: the union of its lease intervals):",
+            "",
+            *_table(head, rows),
+        ]
+        for le in block["leases"]:
+            if le["overlap_s"] > 0:
+                out += [
+                    f"- **{le['cluster']}**: leases overlapped for {duration(le['overlap_s'])} (two holders "
+                    f"at once: something held it outside the pool).",
+                    "",
+                ]
+    if block["lost"]:
+        out += ["Runs lost with their pool lease (FAILED, never pooled):", ""]
+        out += [
+            f"- **{r['arm']} #{r['repetition']}** (run `{r['run_id']}`) on {r['cluster']}"
+            + (f" ({r['member']})" if r["member"] else "")
+            + f", lease {_utc(r['lease_start'])} to {_utc(r['lease_end'])}: {r['reason']}"
+            for r in block["lost"]
+        ]
+        out.append("")
+    if block["recovered"]:
+        out += [
+            *(
+                f"- {r['arm']} #{r['repetition']} on {r['cluster']}"
+                + (f" ({r['member']})" if r["member"] else "")
+                + f" took the member over from a lost holder: {r['reason']}"
+                for r in block["recovered"]
+            ),
+            "",
+        ]
+    check = block["check"]
+    if check["arms"]:
+        note = check["icc"]["note"]
+        clusters = block["clusters"]
+        head = ["arm", *(f"{c} corrupted/n (rate)" for c in clusters), "p", "p (Holm)", "differs"]
+        rows = [
+            [
+                r["label"],
+                *(
+                    f"{v['corrupted']}/{v['sessions']} ({pct(v['rate'])})"
+                    if (v := r["clusters"].get(c))
+                    else "–"
+                    for c in clusters
+                ),
+                pval(r["p"]),
+                pval(r["p_holm"]),
+                ("**yes**" if r["differs"] else "no") if r["tested"] else r["note"],
+            ]
+            for r in check["arms"]
+        ]
+        out += [
+            f"Cluster effect beyond restart variation: {check['method']}. {note[0].upper()}{note[1:]}:",
+            "",
+            *_table(head, rows),
+        ]
+    out += [f"**Cluster check**: {check['verdict']}.", ""]
+    if block["balance"]:
+        out += [f"Balance: {block['balance']['note']}.", ""]
+    return out
+
+
 def _per_run(arm: dict[str, Any]) -> str:
     """`16/60, 9/60, 11/60`: each pooled run's corrupted/n, in repetition order."""
     used = [r for r in arm["runs"] if r["used"]]
@@ -662,6 +800,7 @@ def render_markdown(report: dict[str, Any], tracking_uri: str | None = None) -> 
         ddmin_section(report),
         minimal_cause_section(report),
         arms_section(report),
+        clusters_section(report),
         decode_load_section(report),
         families_section(report),
         throughput_section(report),

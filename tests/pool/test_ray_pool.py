@@ -1,0 +1,258 @@
+"""A pool of two sim PD clusters under a real Ray cluster on loopback (`ray start --head`, started here).
+
+Each test runs `python -m orchestrator` with `hydra/launcher=heisenhunt_ray` joined to that Ray cluster,
+and checks what the pool promises from the MLflow store and the hosts' work dirs: one arm per cluster at
+a time (lease tags), a killed Ray worker is one FAILED arm whose cluster is torn down and reused, and
+Ctrl-C leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.conftest import free_port
+from tests.test_study import finish, no_servers_left
+
+pytest.importorskip("ray")
+pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+
+pytestmark = pytest.mark.slow
+
+ROLES = ("prefill", "decode", "router")
+# Ray turns 127.0.0.1 into the machine's own address when it connects, unless it is told that this is a
+# one-machine cluster (Ray's knob for Windows and macOS, honoured on Linux too): then all of it is loopback
+# one-machine cluster (Ray's knob for Windows and macOS, honoured on Linux too): then all of it is loopback.
+# Token authentication, as Ray has it by default, with a token of this test run's own.
+RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": secrets.token_hex(32),
+}
+MEMBERS = ("pd0", "pd1")
+
+
+@pytest.fixture
+def ray_head() -> Iterator[str]:
+    """A one-node Ray cluster on loopback, every port of it chosen here, in a temp dir of its own (unix
+    socket paths must stay short); stopped, with every process it started, at the end."""
+    temp = tempfile.mkdtemp(prefix="hhray-", dir="/tmp")
+    port = free_port()
+    ports = {
+        "--port": port,
+        "--node-manager-port": free_port(),
+        "--object-manager-port": free_port(),
+        "--ray-client-server-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(),
+        "--dashboard-agent-grpc-port": free_port(),
+        "--runtime-env-agent-port": free_port(),
+        "--metrics-export-port": free_port(),
+    }
+    workers = free_port()
+    argv = [
+        shutil.which("ray") or "ray", "start", "--head", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
+        f"--min-worker-port={workers}", f"--max-worker-port={workers + 40}",
+        *(f"{flag}={value}" for flag, value in ports.items()),
+    ]  # fmt: skip
+    env = {**os.environ, **RAY_ENV}
+    started = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_processes_of(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def stop_processes_of(temp: str) -> None:
+    """Every process of this Ray cluster (its command line names its temp dir), and only those: `ray stop`
+    would stop every Ray on the machine, another test's included."""
+
+    def ours() -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and temp.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        return found
+
+    # a throwaway cluster: killed outright (Ray's processes take over 10 s to honour SIGTERM)
+    deadline = time.monotonic() + 10
+    while (left := ours()) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def pool_overrides(tmp_path: Path) -> list[str]:
+    """`cluster_pool=local2` with free ports and work dirs under tmp_path for both members."""
+    out = ["cluster_pool=local2", "cluster_pool.lease_ttl_s=6"]
+    for member in MEMBERS:
+        hosts = f"cluster_pool.clusters.{member}.hosts"
+        for role in ROLES:
+            out += [
+                f"{hosts}.{role}.port={free_port()}",
+                f"{hosts}.{role}.work_dir={tmp_path}/{member}-{role}",
+            ]
+        out += [f"{hosts}.prefill.bootstrap_port={free_port()}", f"{hosts}.router.metrics_port={free_port()}"]
+    return out
+
+
+def pooled_sweep(tmp_path: Path, address: str, *extra: str) -> subprocess.Popen:
+    argv = [
+        sys.executable, "-m", "orchestrator", "hydra/launcher=heisenhunt_ray",
+        f"hydra.launcher.ray.init.address={address}", *pool_overrides(tmp_path),
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+        f"hydra.sweep.dir={tmp_path}/multirun", "factor/multi_stream=on,off", "repetition=0,1",
+        "workload.rounds=2", "bench.enabled=false", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **RAY_ENV}
+    return subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def arm_runs(tmp_path: Path) -> list:
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("quick")
+    if experiment is None:
+        return []
+    return [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("heisenhunt.kind") == "arm"
+    ]
+
+
+def lease_interval(run) -> tuple[float, float]:
+    tags = run.data.tags
+    return datetime.fromisoformat(tags["lease.start"]).timestamp(), datetime.fromisoformat(
+        tags["lease.end"]
+    ).timestamp()
+
+
+def assert_no_overlap(runs) -> None:
+    """No two arms held one member at once: their lease intervals on each member are disjoint."""
+    by_member: dict[str, list[tuple[float, float]]] = {}
+    for run in runs:
+        by_member.setdefault(run.data.tags["cluster_pool.member"], []).append(lease_interval(run))
+    for member, spans in by_member.items():
+        spans.sort()
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert end <= start, f"two arms overlapped on {member}: {spans}"
+
+
+def holder_pid(run) -> int:
+    found = re.search(r"\(pid (\d+) on ", run.data.tags.get("lease.holder", ""))
+    assert found, run.data.tags
+    return int(found.group(1))
+
+
+def test_four_arms_on_two_clusters_never_share_one_and_leave_nothing_running(tmp_path, ray_head):
+    proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=20")
+    out = finish(proc, 400)
+    assert proc.returncode == 0, out[-5000:]
+    runs = arm_runs(tmp_path)
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}, out[-3000:]
+    assert {r.data.tags["lease.by"] for r in runs} == {"ray"}
+    assert_no_overlap(runs)
+    # Ray spread them: both members ran arms, and two arms ran at once (on different members)
+    assert {r.data.tags["cluster_pool.member"] for r in runs} == set(MEMBERS)
+    spans = sorted(lease_interval(r) for r in runs)
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans)), spans
+    assert {r.data.tags["cluster"] for r in runs} == {"local", "local2-pd1"}
+    assert not no_servers_left(tmp_path)
+    assert not list(tmp_path.glob("*/*.pid")) and not list(tmp_path.glob("*/lease"))
+
+
+def test_a_killed_ray_worker_is_one_failed_arm_and_its_cluster_is_torn_down_and_reused(tmp_path, ray_head):
+    proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=60", "workload.concurrency=4")
+    try:
+        deadline, victim = time.monotonic() + 180, None
+        while victim is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "no arm got its servers up"
+            for run in arm_runs(tmp_path):
+                member = run.data.tags.get("cluster_pool.member")
+                if (
+                    run.info.status == "RUNNING"
+                    and member
+                    and (tmp_path / f"{member}-decode" / "decode.pid").is_file()
+                ):
+                    victim = run
+                    break
+            time.sleep(0.2)
+        member = victim.data.tags["cluster_pool.member"]
+        killed_at = time.time()
+        os.kill(holder_pid(victim), signal.SIGKILL)
+        out = finish(proc, 400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-5000:]  # the sweep finished
+    runs = {r.info.run_id: r for r in arm_runs(tmp_path)}
+    lost = runs[victim.info.run_id]
+    assert lost.info.status == "FAILED", out[-3000:]
+    reason = lost.data.tags["failure_reason"]
+    assert "lost" in reason and "Ray worker" in reason and member in reason, reason
+    others = [r for r in runs.values() if r.info.run_id != victim.info.run_id]
+    assert len(others) == 3 and {r.info.status for r in others} == {"FINISHED"}, out[-3000:]
+    # a later arm took the lost member, tore it down first (its co-restart), and ran there
+    later = [
+        r for r in others
+        if r.data.tags["cluster_pool.member"] == member and lease_interval(r)[0] >= killed_at
+    ]  # fmt: skip
+    assert later and any("lease.recovered_from" in r.data.tags for r in later), out[-3000:]
+    assert_no_overlap(others)
+    assert not no_servers_left(tmp_path)
+    assert not list(tmp_path.glob("*/*.pid"))
+
+
+def test_ctrl_c_under_ray_stops_every_running_arm_and_leaves_nothing_running(tmp_path, ray_head):
+    proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=200", "workload.concurrency=2")
+    try:
+        deadline = time.monotonic() + 180
+        while (
+            len(
+                [
+                    p
+                    for p in (tmp_path / "multirun").glob("*/stress/sessions.jsonl")
+                    if p.read_text().count("\n") >= 2
+                ]
+            )
+            < 2
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, "two arms never ran at once"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc, 200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, out[-3000:]
+    runs = arm_runs(tmp_path)
+    # the two running arms were stopped and recorded KILLED; the two queued never started
+    assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], out[-3000:]
+    assert not no_servers_left(tmp_path), out[-3000:]
+    assert not list(tmp_path.glob("*/*.pid")) and not list(tmp_path.glob("*/lease"))
