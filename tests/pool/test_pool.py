@@ -1,0 +1,170 @@
+"""The cluster pool without Ray: its lease state (pure), its config checks, and the host-lease pick that the
+basic launcher uses, on real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import pool
+from orchestrator.config import ConfigError, jobs_on_pool, load_job
+from orchestrator.lease import Holder, HostLease, held
+from orchestrator.plan import plan_arm
+from orchestrator.remote.local import LocalTransport
+from orchestrator.schema import LeaseConf
+from tests.conftest import free_port
+from tests.test_study import finish, no_servers_left
+
+MEMBERS = ("pd0", "pd1")
+ROLES = ("prefill", "decode", "router")
+
+
+def holder(label: str, task: str | None = None) -> pool.PoolHolder:
+    return pool.PoolHolder(label=label, study="s", tracking_uri="sqlite:///x.db", task_id=task)
+
+
+# --- the lease state ------------------------------------------------------------------------------------
+
+
+def test_members_are_granted_one_holder_at_a_time_clean_ones_first():
+    state = pool.PoolState(members=MEMBERS)
+    a = pool.take(state, holder("a"), now=0.0, token="ta")
+    b = pool.take(state, holder("b"), now=0.0, token="tb")
+    assert (a.member, b.member) == ("pd0", "pd1")
+    assert pool.take(state, holder("c"), now=0.0, token="tc") is None  # all held: the taker waits
+    assert not pool.give_back(state, "pd0", "tb")  # only the holder gives a member back
+    assert pool.give_back(state, "pd0", "ta")
+    assert pool.take(state, holder("c"), now=1.0, token="tc").member == "pd0"
+
+
+def test_a_holder_that_stops_renewing_is_lost_and_the_next_taker_is_told():
+    state = pool.PoolState(members=MEMBERS)
+    a = pool.take(state, holder("a"), now=0.0, token="ta")
+    pool.take(state, holder("b"), now=0.0, token="tb")
+    assert pool.renew(state, "pd1", "tb", now=25.0, run_id="run-b")
+    assert not pool.renew(state, "pd0", "wrong", now=25.0)
+    lost = pool.expire(state, now=31.0, ttl_s=30.0)
+    assert [x.lease.member for x in lost] == [a.member]  # b renewed at 25: still held
+    assert "stopped renewing its lease on pd0" in lost[0].reason
+    assert not pool.renew(state, "pd0", "ta", now=31.0)  # a late beat does not win it back
+    grant = pool.take(state, holder("c"), now=31.0, token="tc")
+    assert grant.member == "pd0" and grant.lost is not None and grant.lost.lease.holder.label == "a"
+    assert state.lost == {}  # told once: the taker recovers it
+
+
+def test_a_free_clean_member_goes_before_a_lost_one_and_the_launcher_can_lose_a_task_at_once():
+    state = pool.PoolState(members=MEMBERS)
+    pool.take(state, holder("a", task="t1"), now=0.0, token="ta")
+    pool.take(state, holder("b", task="t2"), now=0.0, token="tb")
+    lost = pool.lose_task(state, "t1", "its Ray worker was lost", now=1.0)
+    assert lost is not None and lost.lease.member == "pd0" and "pd0" not in state.leases
+    assert pool.lose_task(state, "t1", "again", now=2.0) is None
+    pool.give_back(state, "pd1", "tb")
+    assert pool.take(state, holder("c"), now=3.0, token="tc").member == "pd1"  # clean first
+    grant = pool.take(state, holder("d"), now=3.0, token="td")
+    assert grant.member == "pd0" and grant.lost.reason == "its Ray worker was lost"
+
+
+def test_renewal_records_the_holders_run_for_recovery():
+    state = pool.PoolState(members=MEMBERS)
+    pool.take(state, holder("a", task="t1"), now=0.0, token="ta")
+    pool.renew(state, "pd0", "ta", now=1.0, run_id="abc")
+    assert pool.lose_task(state, "t1", "gone", now=2.0).lease.holder.run_id == "abc"
+
+
+# --- config ----------------------------------------------------------------------------------------------
+
+
+def pool_overrides(tmp_path) -> list[str]:
+    out = ["cluster_pool=local2"]
+    for member in MEMBERS:
+        hosts = f"cluster_pool.clusters.{member}.hosts"
+        for role in ROLES:
+            out += [
+                f"{hosts}.{role}.port={free_port()}",
+                f"{hosts}.{role}.work_dir={tmp_path}/{member}-{role}",
+            ]
+        out += [f"{hosts}.prefill.bootstrap_port={free_port()}", f"{hosts}.router.metrics_port={free_port()}"]
+    return out
+
+
+def test_the_shipped_pool_plans_every_arm_on_each_member(compose_cfg, tmp_path):
+    job = load_job(compose_cfg("cluster_pool=local2", isolated=False))
+    on_members = jobs_on_pool(job)
+    assert [j.cluster.name for j in on_members] == ["local", "local2-pd1"]
+    plans = [plan_arm(j) for j in on_members]
+    # one arm: one signature wherever it runs (runs on both members pool), different hosts
+    assert len({p.signature for p in plans}) == 1
+    assert len({p.roles["decode"].host.port for p in plans}) == 2
+
+
+def test_pool_members_sharing_a_port_or_a_work_dir_are_refused_naming_both_keys(compose_cfg):
+    cfg = compose_cfg(
+        "cluster_pool=local2",
+        "cluster_pool.clusters.pd1.hosts.decode.port=30001",
+        "cluster_pool.clusters.pd1.hosts.router.work_dir=/tmp/same",
+        "cluster_pool.clusters.pd0.hosts.router.work_dir=/tmp/same",
+        isolated=False,
+    )
+    with pytest.raises(ConfigError) as e:
+        load_job(cfg)
+    text = str(e.value)
+    assert (
+        "cluster_pool.clusters.pd1.hosts.decode.port: port 30001 on 127.0.0.1 is also "
+        "cluster_pool.clusters.pd0.hosts.decode.port" in text
+    )
+    assert "cluster_pool.clusters.pd1.hosts.router.work_dir: /tmp/same on 127.0.0.1 is also" in text
+    assert "accepted:" in text
+
+
+def test_a_member_with_a_bad_transport_is_refused_under_its_own_key(compose_cfg):
+    cfg = compose_cfg("cluster_pool=local2", "cluster_pool.clusters.pd1.hosts.decode.transport=telnet")
+    with pytest.raises(ConfigError, match=r"cluster_pool\.clusters\.pd1\.hosts\.decode\.transport: 'telnet'"):
+        load_job(cfg)
+
+
+# --- the basic launcher: host leases pick the member --------------------------------------------------
+
+
+@pytest.mark.slow
+def test_outside_ray_an_arm_takes_the_member_a_study_by_hand_does_not_hold(tmp_path):
+    """pd0's hosts are held (as a study started by hand on them holds them): the pooled arm runs on pd1,
+    leaves pd0's lease alone, and gives pd1 back."""
+    overrides = pool_overrides(tmp_path)
+    work_dirs = [str(tmp_path / f"pd0-{role}") for role in ROLES]
+    by_hand = Holder.this_process("a study started by hand")
+    leases = [HostLease(LocalTransport(), d) for d in work_dirs]
+    argv = [
+        sys.executable, "-m", "orchestrator", *overrides, "factor/multi_stream=on", "repetition=0",
+        "workload.sessions=12", "workload.rounds=2", "bench.enabled=false",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+        f"hydra.sweep.dir={tmp_path}/multirun",
+    ]  # fmt: skip
+    with held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        out = finish(proc, 300)
+        assert all((tmp_path / f"pd0-{role}" / "lease").is_dir() for role in ROLES)  # untouched
+    assert proc.returncode == 0, out[-4000:]
+    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
+    assert [a["label"] for a in report["arms"]] == ["baseline"]
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("quick")
+    (run,) = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("heisenhunt.kind") == "arm"
+    ]
+    tags = run.data.tags
+    assert (tags["cluster_pool.member"], tags["cluster"], tags["lease.by"]) == (
+        "pd1",
+        "local2-pd1",
+        "host leases",
+    )
+    assert tags["lease.start"] < tags["lease.end"]
+    assert not list(tmp_path.glob("pd1-*/lease"))  # given back
+    assert not no_servers_left(tmp_path)
