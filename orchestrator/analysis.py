@@ -326,7 +326,7 @@ def clusters_block(
         return None
     if between is None:
         between = between_runs(runs, spec)
-    return clusters.report_block(spec, runs, run_used, identity, between.icc)
+    return clusters.report_block(spec, runs, run_used, identity, between)
 
 
 def between_summary(between: stats.Dispersion) -> dict[str, Any]:

@@ -62,7 +62,7 @@ ones, D = 1 + (m - 1) rho (the design effect). Method, and why:
   With ICC 0 the runs are binomial, the split is hypergeometric, and it is Fisher's test exactly. More
   than two clusters: each against the others pooled, Bonferroni over them. The ICC it is given is an
   estimate on few degrees of freedom; plugged in as if known, the test alarms on restart variation alone
-  (about 11% of null studies at nominal 5%, 3-6 runs per arm): `t_reference` refers the p-value's
+  (7-10% of null studies at nominal 5%, 3-6 runs per arm): `t_reference` refers the p-value's
   normal deviate to Student's t on the estimate's degrees of freedom, as a t test does for a z whose
   variance is estimated.
 """

@@ -5,7 +5,6 @@ pure function the report uses (`analysis.clusters_block`)."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -372,49 +371,72 @@ def simulated_study(
 
 def alarm_rate(rng: np.random.Generator, arms, studies: int, **kw) -> float:
     """The share of simulated studies in which the report's cluster check alarms."""
-    return float(np.mean([plain_and_check(simulated_study(rng, arms, **kw))[1] for _ in range(studies)]))
+    return float(np.mean([plain_and_check(simulated_study(rng, arms, **kw))[2] for _ in range(studies)]))
 
 
-def plain_and_check(runs: list[RunRecord]) -> tuple[bool, bool]:
-    """(a plain binomial test alarms: Fisher's on each arm's clusters, Holm; the report's check alarms)."""
+def plain_and_check(runs: list[RunRecord]) -> tuple[bool, bool, bool]:
+    """Whether each alarms: a plain binomial test (Fisher's on each arm's clusters, Holm), the check's
+    test with its ICC plugged in as if known (no t reference), and the report's check."""
     block = analysis.clusters_block(SPEC, runs)
-    ps = [
-        stats.runs_split_test([c["run_counts"] for c in a["cells"].values()], 0.0)
-        for a in block["by_arm"]
-        if len(a["cells"]) > 1
-    ]
-    plain = bool(ps) and min(stats.holm(ps)) < SPEC.alpha
-    return plain, block["check"]["alarm"]
+    arms = [[c["run_counts"] for c in a["cells"].values()] for a in block["by_arm"] if len(a["cells"]) > 1]
+    icc = block["check"]["icc"]["icc"]
+
+    def alarms(ps: list[float]) -> bool:
+        return bool(ps) and min(stats.holm(ps)) < SPEC.alpha
+
+    plain = alarms([stats.runs_split_test(cells, 0.0) for cells in arms])
+    plugged = alarms([stats.runs_split_test(cells, icc) for cells in arms])
+    return plain, plugged, block["check"]["alarm"]
 
 
 def test_monte_carlo_restart_variation_alone_rarely_alarms():
     """ICC 0.02-0.05, 60 sessions a run, 3-6 runs per arm over 2 clusters, no cluster effect: the check
     alarms in at most alpha of studies (+ Monte Carlo slack: 3 standard errors), where a plain binomial
-    test alarms in many. Measured: MEASURED_NULL"""
-    t0 = time.perf_counter()
+    test alarms in many. Measured (this seed): 1.7% of 1500 studies with dsv4-like arms (15%, 7.5%, 3%, 0%),
+    0.6% of 500 with one arm at 15%; a plain binomial test 28.9%, the check's ICC plugged in as known (no t
+    reference) 7.2%."""
     rng = np.random.default_rng(20261201)
-    studies = 2000
+    studies = 1500
     slack = 3 * np.sqrt(SPEC.alpha * (1 - SPEC.alpha) / studies)
-    plain, check = np.mean([plain_and_check(simulated_study(rng, NULL_ARMS)) for _ in range(studies)], axis=0)
-    one_arm = alarm_rate(rng, NULL_ARMS[:1], studies // 2)
+    rates = np.mean([plain_and_check(simulated_study(rng, NULL_ARMS)) for _ in range(studies)], axis=0)
+    plain, plugged, check = rates
+    one_arm = alarm_rate(rng, NULL_ARMS[:1], studies // 3)
     print(
-        f"false alarms, {studies} studies: check {check:.1%} (plain binomial {plain:.1%}); "
-        f"one arm only, {studies // 2} studies: {one_arm:.1%}"
+        f"false alarms, {studies} studies: check {check:.1%} (plain binomial {plain:.1%}, ICC plugged in "
+        f"as known {plugged:.1%}); one arm only, {studies // 3} studies: {one_arm:.1%}"
     )
     assert check <= SPEC.alpha + slack, check
-    assert one_arm <= SPEC.alpha + 3 * np.sqrt(SPEC.alpha * (1 - SPEC.alpha) / (studies // 2)), one_arm
+    assert one_arm <= SPEC.alpha + 3 * np.sqrt(SPEC.alpha * (1 - SPEC.alpha) / (studies // 3)), one_arm
     assert plain > 3 * SPEC.alpha, plain  # why the runs model: restart variation alone alarms a plain test
-    assert time.perf_counter() - t0 < 20
+    assert plugged > check  # and why the t reference
 
 
 def test_monte_carlo_a_real_cluster_effect_is_found():
     """Rate 0.15 on one cluster and 0.02 on the other for the two corrupting arms (a bad cluster), a clean
-    arm beside, ICC 0.02-0.05, 60 sessions a run. Measured: MEASURED_POWER"""
-    t0 = time.perf_counter()
+    arm beside, ICC 0.02-0.05, 60 sessions a run. Measured (this seed): the check alarms in 76.8% of 600
+    studies with 6 runs per arm (3 per cluster) and in 41.3% with 3-6 runs per arm: with 1-2 runs per
+    cluster, and the restart ICC estimated within clusters on a few degrees of freedom, a 7-fold rate
+    difference is often within restart variation."""
     rng = np.random.default_rng(7)
-    six_runs = alarm_rate(rng, EFFECT_ARMS, 1000, runs_range=(6, 6))
-    three_to_six = alarm_rate(rng, EFFECT_ARMS, 1000)
-    print(f"power, 1000 studies each: 6 runs per arm {six_runs:.1%}, 3-6 runs per arm {three_to_six:.1%}")
+    six_runs = alarm_rate(rng, EFFECT_ARMS, 600, runs_range=(6, 6))
+    three_to_six = alarm_rate(rng, EFFECT_ARMS, 600)
+    print(f"power, 600 studies each: 6 runs per arm {six_runs:.1%}, 3-6 runs per arm {three_to_six:.1%}")
     assert six_runs >= 0.65, six_runs
     assert three_to_six >= 0.3, three_to_six
-    assert time.perf_counter() - t0 < 20
+
+
+def test_without_two_runs_on_one_cluster_the_check_uses_the_study_icc():
+    runs = [run({}, 0, 9, {"cluster": "local"}), run({}, 1, 14, {"cluster": "local2-pd1"})]
+    runs += [run(HC_OFF, 0, 2, {"cluster": "local"}), run(HC_OFF, 1, 6, {"cluster": "local2-pd1"})]
+    report = analyse(SPEC, runs)
+    check = report["clusters"]["check"]
+    assert check["icc"]["source"] == "study" and check["icc"]["df"] == 0
+    assert check["icc"]["icc"] == report["between_runs"]["icc"]
+    assert "cannot be estimated within clusters: the study's ICC" in section(report)
+
+
+def test_the_block_is_order_free_and_the_one_analyse_reports():
+    runs = two_cluster_runs()
+    report = analyse(SPEC, runs)
+    assert dumps(analyse(SPEC, runs[::-1])) == dumps(report)
+    assert report["clusters"] == analysis.clusters_block(SPEC, runs)

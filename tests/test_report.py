@@ -302,6 +302,18 @@ def _bench(seed: int) -> BenchResult:
     return BenchResult(levels=levels)
 
 
+def _lease_tags(member: str, start: str, end: str) -> dict[str, str]:
+    return {
+        "cluster": "local" if member == "pd0" else "local2-pd1",
+        "cluster_pool": "local2",
+        "cluster_pool.member": member,
+        "lease.by": "host leases",
+        "lease.holder": "pid 1 on this host",
+        "lease.start": f"2026-12-01T{start}.000000+00:00",
+        "lease.end": f"2026-12-01T{end}.000000+00:00",
+    }
+
+
 def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, tmp_path):
     overrides = (f"tracking.artifact_location={tmp_path}/artifacts", f"hydra.sweep.dir={tmp_path}/sweep")
     cfg = compose_cfg(*overrides)
@@ -309,21 +321,25 @@ def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, 
     callback.on_multirun_start(cfg)
     parent = callback.run_id
     arms = [
-        ((), 9, 51, 0),
-        ((), 8, 52, 1),
-        (("factor/multi_stream=off",), 0, 60, 0),
-        (("factor/multi_stream=off",), 0, 60, 1),
+        ((), 9, 51, 0, "pd0"),
+        ((), 8, 52, 1, "pd1"),
+        (("factor/multi_stream=off",), 0, 60, 0, "pd1"),
+        (("factor/multi_stream=off",), 0, 60, 1, "pd0"),
     ]
-    for extra, corrupted, clean, rep in arms:
+    for extra, corrupted, clean, rep, member in arms:
         with _tracker(compose_cfg(*overrides, *extra), rep, parent) as tracker:
+            # where it ran, as a pool's arm tags it (the clusters block is rebuilt from these tags too)
+            tracker.log_tags(_lease_tags(member, f"0{rep}:0{len(extra)}:00", f"0{rep}:0{len(extra)}:59"))
             out = tmp_path / f"arm{len(extra)}{rep}"
             tracker.log_stress(_stress(out, corrupted, clean), out)
             tracker.log_bench(_bench(rep), None)
     job = compose_cfg(*overrides, "factor/multi_stream=off")
     with pytest.raises(KeyboardInterrupt), _tracker(job, 2, parent) as tracker:
+        tracker.log_tags({"cluster": "local"})
         tracker.log_stress(_stress(tmp_path / "killed", 0, 20, planned=60), tmp_path / "killed")
         raise KeyboardInterrupt
     with _tracker(compose_cfg(*overrides, "factor/capture=eager"), 0, parent) as tracker:
+        tracker.log_tags(_lease_tags("pd1", "03:00:00", "03:00:30") | {"lease.lost": "holder gone"})
         tracker.fail("decode did not become healthy within 60 s", "Traceback ...")
 
     callback.on_multirun_end(cfg)
@@ -350,7 +366,12 @@ def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, 
         [{"multi_stream": "on"}],
     )
     assert report["context"]["parent_run_id"] == parent
+    where = report["clusters"]
+    assert where["clusters"] == ["local", "local2-pd1"] and where["pools"] == ["local2"]
+    assert [(r["arm"], r["reason"]) for r in where["lost"]] == [("capture=eager", "holder gone")]
+    assert [le["runs"] for le in where["leases"]] == [2, 3]
     md = (target / "report.md").read_text()
+    assert "## Clusters" in md and "This study's arms ran on 2 clusters (local, local2-pd1)" in md
     assert "decode did not become healthy within 60 s" in md and "FAILED" in md
     assert "## Minimal cause" in md
     assert (target / "corruption.png").stat().st_size > 1000 and (
