@@ -53,7 +53,15 @@ def recorded_overrides(config: DictConfig) -> list[str]:
         secrets = plan_arm(load_job(config)).secrets
     except ConfigError:
         return []
-    return [redact_text(str(o), secrets) for o in (config.hydra.overrides.get("task") or [])]
+    # how it was launched (a pool on Ray) is part of the command; Hydra's other settings (its output
+    # dirs) are not the study's
+    launcher = [
+        str(o)
+        for o in (config.hydra.overrides.get("hydra") or [])
+        if str(o).startswith(("hydra/launcher=", "hydra.launcher.", "hydra/sweeper=", "hydra.sweeper."))
+    ]
+    task = [str(o) for o in (config.hydra.overrides.get("task") or [])]
+    return [redact_text(o, secrets) for o in launcher + task]
 
 
 class StudyCallback(Callback):
