@@ -8,16 +8,12 @@ Ctrl-C leaves nothing running.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -27,6 +23,7 @@ import mlflow
 import pytest
 
 from tests.conftest import free_port
+from tests.pool.ray_head import RAY_ENV, local_ray_head
 from tests.test_study import finish, no_servers_left
 
 pytest.importorskip("ray")
@@ -35,73 +32,13 @@ pytest.importorskip("hydra_plugins.hydra_ray_launcher")
 pytestmark = pytest.mark.slow
 
 ROLES = ("prefill", "decode", "router")
-# Ray turns 127.0.0.1 into the machine's own address when it connects, unless it is told that this is a
-# one-machine cluster (Ray's knob for Windows and macOS, honoured on Linux too): then all of it is loopback
-# one-machine cluster (Ray's knob for Windows and macOS, honoured on Linux too): then all of it is loopback.
-# Token authentication, as Ray has it by default, with a token of this test run's own.
-RAY_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "token",
-    "RAY_AUTH_TOKEN": secrets.token_hex(32),
-}
 MEMBERS = ("pd0", "pd1")
 
 
 @pytest.fixture
 def ray_head() -> Iterator[str]:
-    """A one-node Ray cluster on loopback, every port of it chosen here, in a temp dir of its own (unix
-    socket paths must stay short); stopped, with every process it started, at the end."""
-    temp = tempfile.mkdtemp(prefix="hhray-", dir="/tmp")
-    port = free_port()
-    ports = {
-        "--port": port,
-        "--node-manager-port": free_port(),
-        "--object-manager-port": free_port(),
-        "--ray-client-server-port": free_port(),
-        "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(),
-        "--runtime-env-agent-port": free_port(),
-        "--metrics-export-port": free_port(),
-    }
-    workers = free_port()
-    argv = [
-        shutil.which("ray") or "ray", "start", "--head", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
-        f"--min-worker-port={workers}", f"--max-worker-port={workers + 40}",
-        *(f"{flag}={value}" for flag, value in ports.items()),
-    ]  # fmt: skip
-    env = {**os.environ, **RAY_ENV}
-    started = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
-    assert started.returncode == 0, started.stdout + started.stderr
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        stop_processes_of(temp)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def stop_processes_of(temp: str) -> None:
-    """Every process of this Ray cluster (its command line names its temp dir), and only those: `ray stop`
-    would stop every Ray on the machine, another test's included."""
-
-    def ours() -> list[int]:
-        found = []
-        for proc in Path("/proc").iterdir():
-            try:
-                if proc.name.isdigit() and temp.encode() in (proc / "cmdline").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-        return found
-
-    # a throwaway cluster: killed outright (Ray's processes take over 10 s to honour SIGTERM)
-    deadline = time.monotonic() + 10
-    while (left := ours()) and time.monotonic() < deadline:
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+    with local_ray_head(free_port) as address:
+        yield address
 
 
 def pool_overrides(tmp_path: Path) -> list[str]:
