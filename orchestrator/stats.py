@@ -282,6 +282,17 @@ def _convolution_power(pmf: np.ndarray, times: int, length: int) -> np.ndarray:
     return result
 
 
+def _beta_binomial_log_pmf(x: np.ndarray, n: int, a: float, b: float) -> np.ndarray:
+    """log P(X = x) for X ~ BetaBinomial(n, a, b): one run's count when its rate is Beta(a, b)."""
+    return (
+        special.gammaln(n + 1)
+        - special.gammaln(x + 1)
+        - special.gammaln(n - x + 1)
+        + special.betaln(x + a, n - x + b)
+        - special.betaln(a, b)
+    )
+
+
 def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:
     """P(total corrupted <= k) over runs of these sizes, each beta-binomial with mean q and ICC icc."""
     scale = (1 - icc) / icc
@@ -294,13 +305,7 @@ def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:
     total = np.array([1.0])
     for n in sorted(set(sizes)):
         x = np.arange(min(k, n) + 1)
-        log_pmf = (
-            special.gammaln(n + 1)
-            - special.gammaln(x + 1)
-            - special.gammaln(n - x + 1)
-            + special.betaln(x + a, n - x + b)
-            - special.betaln(a, b)
-        )
+        log_pmf = _beta_binomial_log_pmf(x, n, a, b)
         runs = _convolution_power(np.exp(log_pmf), sizes.count(n), k + 1)
         total = np.convolve(total, runs)[: k + 1]
     return float(min(1.0, total.sum()))
@@ -363,13 +368,7 @@ def _runs_pmf(sizes: Sequence[int], q: float, icc: float, length: int) -> np.nda
     total = np.array([1.0])
     for n in sorted(set(sizes)):
         x = np.arange(min(n, length - 1) + 1)
-        log_pmf = (
-            special.gammaln(n + 1)
-            - special.gammaln(x + 1)
-            - special.gammaln(n - x + 1)
-            + special.betaln(x + a, n - x + b)
-            - special.betaln(a, b)
-        )
+        log_pmf = _beta_binomial_log_pmf(x, n, a, b)
         runs = _convolution_power(np.exp(log_pmf), list(sizes).count(n), length)
         total = np.convolve(total, runs)[:length]
     out[: total.size] = total

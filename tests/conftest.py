@@ -62,6 +62,23 @@ def local_cluster_overrides(tmp_path: Path) -> list[str]:
     return overrides
 
 
+POOL_MEMBERS = ("pd0", "pd1")
+
+
+def pool_overrides(tmp_path: Path) -> list[str]:
+    """`cluster_pool=local2` with free ports and work dirs `tmp_path/<member>-<role>` for both members."""
+    out = ["cluster_pool=local2"]
+    for member in POOL_MEMBERS:
+        hosts = f"cluster_pool.clusters.{member}.hosts"
+        for role in ("prefill", "decode", "router"):
+            out += [
+                f"{hosts}.{role}.port={free_port()}",
+                f"{hosts}.{role}.work_dir={tmp_path}/{member}-{role}",
+            ]
+        out += [f"{hosts}.prefill.bootstrap_port={free_port()}", f"{hosts}.router.metrics_port={free_port()}"]
+    return out
+
+
 def job_and_plan(cfg: DictConfig) -> tuple[JobConf, ArmPlan]:
     job = load_job(cfg)
     return job, plan_arm(job)

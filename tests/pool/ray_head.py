@@ -5,6 +5,7 @@ end (and only those: `ray stop` would stop every Ray on the machine)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -24,6 +25,11 @@ RAY_ENV = {
     "RAY_AUTH_MODE": "token",
     "RAY_AUTH_TOKEN": secrets.token_hex(32),
 }
+# Ray's workers each bind a port of this range when they start, long after `ray start`: above Linux's
+# ephemeral range (which ends at 60999) and away from the ports tests draw for servers (10000-32000), one
+# slice per pytest-xdist worker
+_SLICE = 61000 + 400 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+WORKER_PORTS = range(_SLICE, _SLICE + 200)
 PORT_FLAGS = (
     "--node-manager-port", "--object-manager-port", "--ray-client-server-port",
     "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
@@ -36,21 +42,35 @@ def local_ray_head(free_port: Callable[[], int], num_cpus: int = 2) -> Iterator[
     """Yields the head's address (127.0.0.1:PORT); clients need RAY_ENV in their environment."""
     # unix socket paths must stay short: not under pytest's tmp_path
     temp = tempfile.mkdtemp(prefix="hhray-", dir="/tmp")
-    port, workers = free_port(), free_port()
-    argv = [
-        shutil.which("ray") or "ray", "start", "--head", "--node-ip-address=127.0.0.1",
-        f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
-        f"--port={port}", f"--min-worker-port={workers}", f"--max-worker-port={workers + 40}",
-        *(f"{flag}={free_port()}" for flag in PORT_FLAGS),
-    ]  # fmt: skip
-    started = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, **RAY_ENV})
     try:
-        if started.returncode != 0:
-            raise RuntimeError(f"ray start failed:\n{started.stdout}{started.stderr}")
-        yield f"127.0.0.1:{port}"
+        yield _start(temp, free_port, num_cpus)
     finally:
         stop_processes_of(temp)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _start(temp: str, free_port: Callable[[], int], num_cpus: int) -> str:
+    """`ray start --head`, one at a time on this machine (two heads starting at once were seen to fail
+    here, once), and tried twice, with other ports the second time."""
+    failures = []
+    with open("/tmp/heisenhunt-ray-start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for _ in range(2):
+            port = free_port()
+            argv = [
+                shutil.which("ray") or "ray", "start", "--head", "--node-ip-address=127.0.0.1",
+                f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats",
+                f"--temp-dir={temp}", f"--port={port}", f"--min-worker-port={WORKER_PORTS.start}",
+                f"--max-worker-port={WORKER_PORTS.stop - 1}",
+                *(f"{flag}={free_port()}" for flag in PORT_FLAGS),
+            ]  # fmt: skip
+            env = {**os.environ, **RAY_ENV}
+            started = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+            if started.returncode == 0:
+                return f"127.0.0.1:{port}"
+            failures.append(started.stdout[-2000:] + started.stderr[-2000:])
+            stop_processes_of(temp)
+    raise RuntimeError("ray start failed twice:\n" + "\n---\n".join(failures))
 
 
 def stop_processes_of(temp: str) -> None:

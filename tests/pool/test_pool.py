@@ -15,10 +15,10 @@ from orchestrator.lease import Holder, HostLease, held
 from orchestrator.plan import plan_arm
 from orchestrator.remote.local import LocalTransport
 from orchestrator.schema import LeaseConf
-from tests.conftest import free_port
+from tests.conftest import POOL_MEMBERS as MEMBERS
+from tests.conftest import pool_overrides
 from tests.test_study import finish, no_servers_left
 
-MEMBERS = ("pd0", "pd1")
 ROLES = ("prefill", "decode", "router")
 
 
@@ -76,19 +76,6 @@ def test_renewal_records_the_holders_run_for_recovery():
 
 
 # --- config ----------------------------------------------------------------------------------------------
-
-
-def pool_overrides(tmp_path) -> list[str]:
-    out = ["cluster_pool=local2"]
-    for member in MEMBERS:
-        hosts = f"cluster_pool.clusters.{member}.hosts"
-        for role in ROLES:
-            out += [
-                f"{hosts}.{role}.port={free_port()}",
-                f"{hosts}.{role}.work_dir={tmp_path}/{member}-{role}",
-            ]
-        out += [f"{hosts}.prefill.bootstrap_port={free_port()}", f"{hosts}.router.metrics_port={free_port()}"]
-    return out
 
 
 def test_the_shipped_pool_plans_every_arm_on_each_member(compose_cfg, tmp_path):

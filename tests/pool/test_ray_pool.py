@@ -22,7 +22,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import POOL_MEMBERS as MEMBERS
+from tests.conftest import free_port, pool_overrides
 from tests.pool.ray_head import RAY_ENV, local_ray_head
 from tests.test_study import finish, no_servers_left
 
@@ -32,7 +33,6 @@ pytest.importorskip("hydra_plugins.hydra_ray_launcher")
 pytestmark = pytest.mark.slow
 
 ROLES = ("prefill", "decode", "router")
-MEMBERS = ("pd0", "pd1")
 
 
 @pytest.fixture
@@ -41,24 +41,10 @@ def ray_head() -> Iterator[str]:
         yield address
 
 
-def pool_overrides(tmp_path: Path) -> list[str]:
-    """`cluster_pool=local2` with free ports and work dirs under tmp_path for both members."""
-    out = ["cluster_pool=local2", "cluster_pool.lease_ttl_s=6"]
-    for member in MEMBERS:
-        hosts = f"cluster_pool.clusters.{member}.hosts"
-        for role in ROLES:
-            out += [
-                f"{hosts}.{role}.port={free_port()}",
-                f"{hosts}.{role}.work_dir={tmp_path}/{member}-{role}",
-            ]
-        out += [f"{hosts}.prefill.bootstrap_port={free_port()}", f"{hosts}.router.metrics_port={free_port()}"]
-    return out
-
-
 def pooled_sweep(tmp_path: Path, address: str, *extra: str) -> subprocess.Popen:
     argv = [
         sys.executable, "-m", "orchestrator", "hydra/launcher=heisenhunt_ray",
-        f"hydra.launcher.ray.init.address={address}", *pool_overrides(tmp_path),
+        f"hydra.launcher.ray.init.address={address}", *pool_overrides(tmp_path), "cluster_pool.lease_ttl_s=6",
         f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun", "factor/multi_stream=on,off", "repetition=0,1",
         "workload.rounds=2", "bench.enabled=false", *extra,
