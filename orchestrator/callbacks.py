@@ -55,12 +55,14 @@ def recorded_overrides(config: DictConfig) -> list[str]:
         return []
     # how it was launched (a pool on Ray) is part of the command; Hydra's other settings (its output
     # dirs) are not the study's
+    # (unresolved: an override may hold an interpolation, `hydra.sweep.subdir=${hydra.job.num}`)
+    given = OmegaConf.to_container(config.hydra.overrides, resolve=False)
     launcher = [
         str(o)
-        for o in (config.hydra.overrides.get("hydra") or [])
+        for o in given.get("hydra") or []
         if str(o).startswith(("hydra/launcher=", "hydra.launcher.", "hydra/sweeper=", "hydra.sweeper."))
     ]
-    task = [str(o) for o in (config.hydra.overrides.get("task") or [])]
+    task = [str(o) for o in given.get("task") or []]
     return [redact_text(o, secrets) for o in launcher + task]
 
 

@@ -14,8 +14,10 @@ co-restart, stress, bench and teardown, and gives it back in `finally`. Who deci
 - **Elsewhere** (Hydra's basic launcher, or joblib on one host), the host-side leases of lease.py decide:
   the first member whose host leases are all free is taken. There is no second lease mechanism.
 
-Either way, lease.py's host leases are also taken by the arm itself (`arm.run_arm`), so a study started by
-hand on a member's hosts and a pooled arm never run there at once.
+Either way the member's host leases (lease.py) are taken at once with the grant (`HostLeases`) and the arm
+holds them under the same holder to its last teardown step (`arm.run_arm`), so a study started by hand on
+a member's hosts and a pooled arm never run there at once. Under Ray a member whose hosts are held that
+way is set aside for a while (`set_aside`) and the job asks for another, instead of waiting on it.
 
 The lease state is a pure value (`PoolState`, its transitions plain functions); the Ray actor only
 holds it and wakes waiters.
@@ -108,6 +110,8 @@ class PoolState:
     members: tuple[str, ...]
     leases: dict[str, PoolLease] = field(default_factory=dict)
     lost: dict[str, LostLease] = field(default_factory=dict)
+    # members found held outside the pool (a study started by hand on their hosts), skipped until then
+    busy_until: dict[str, float] = field(default_factory=dict)
 
 
 def expire(state: PoolState, now: float, ttl_s: float) -> list[LostLease]:
@@ -133,7 +137,11 @@ def take(
     state: PoolState, holder: PoolHolder, now: float, token: str, only: Sequence[str] | None = None
 ) -> Grant | None:
     """The first free member (one not lost first), leased to `holder`; None when all are held."""
-    free = [m for m in state.members if m not in state.leases and (only is None or m in only)]
+    free = [
+        m
+        for m in state.members
+        if m not in state.leases and state.busy_until.get(m, 0.0) <= now and (only is None or m in only)
+    ]
     if not free:
         return None
     member = min(free, key=lambda m: m in state.lost)  # stable: pool order, clean before lost
@@ -158,6 +166,24 @@ def give_back(state: PoolState, member: str, token: str) -> bool:
         return False
     del state.leases[member]
     return True
+
+
+def set_aside(state: PoolState, grant: Grant, until: float) -> bool:
+    """Give a granted member back unused, skipped by `take` until `until`: its hosts are held outside the
+    pool. A lost lease it carried stays to be recovered by whoever takes it next."""
+    if not give_back(state, grant.member, grant.lease.token):
+        return False
+    state.busy_until[grant.member] = until
+    if grant.lost is not None:
+        state.lost[grant.member] = grant.lost
+    return True
+
+
+def next_change(state: PoolState, now: float, ttl_s: float) -> float:
+    """How long a waiting taker sleeps at most before looking again: a quarter of the lease ttl, or
+    until the first member set aside comes back."""
+    back = [t - now for t in state.busy_until.values() if t > now]
+    return max(0.05, min([ttl_s / 4, *back]))
 
 
 def lose_task(state: PoolState, task_id: str, reason: str, now: float) -> LostLease | None:
@@ -195,7 +221,8 @@ class PoolLessor:
                 grant = take(self.state, holder, now, uuid.uuid4().hex, only)
                 if grant is not None or (deadline is not None and now >= deadline):
                     return grant
-                wait = self.ttl_s / 4 if deadline is None else min(self.ttl_s / 4, deadline - now)
+                wait = next_change(self.state, now, self.ttl_s)
+                wait = wait if deadline is None else min(wait, deadline - now)
                 with suppress(TimeoutError):
                     await asyncio.wait_for(cond.wait(), timeout=max(0.05, wait))
 
@@ -206,6 +233,13 @@ class PoolLessor:
         cond = self._cond()
         async with cond:
             done = give_back(self.state, member, token)
+            cond.notify_all()
+        return done
+
+    async def set_aside(self, grant: Grant, for_s: float) -> bool:
+        cond = self._cond()
+        async with cond:
+            done = set_aside(self.state, grant, time.time() + for_s)
             cond.notify_all()
         return done
 
@@ -271,37 +305,9 @@ class Lessor(Protocol):
     renew_every_s: float | None
 
 
-class RayLessor:
-    """The pool's Ray actor, from a job running in a Ray task."""
-
-    def __init__(self, pool: ClusterPoolConf):
-        self.actor = pool_actor(pool)
-        self.renew_every_s: float | None = pool.lease_ttl_s / 4
-
-    def acquire(self, holder: PoolHolder) -> Grant:
-        import ray
-
-        context = ray.get_runtime_context()
-        holder = dataclasses.replace(holder, task_id=context.get_task_id(), node_id=context.get_node_id())
-        grant = ray.get(self.actor.acquire.remote(holder))
-        assert grant is not None
-        return grant
-
-    def renew(self, grant: Grant, run_id: str | None = None) -> bool:
-        import ray
-
-        return bool(ray.get(self.actor.renew.remote(grant.member, grant.lease.token, run_id), timeout=30))
-
-    def release(self, grant: Grant) -> None:
-        import ray
-
-        ray.get(self.actor.release.remote(grant.member, grant.lease.token), timeout=30)
-
-
-class HostLeaseLessor:
-    """Outside Ray: the first member whose host leases (lease.py) are all free; waits while all are held.
-    The grant keeps the host leases taken, under the holder `arm.run_arm` is then given, so the arm holds
-    them from the pick to its last teardown step."""
+class HostLeases:
+    """A member's host leases (lease.py), taken now or not at all, and given back: how both lessors make
+    sure a member is not held outside the pool (a study started by hand on its hosts)."""
 
     def __init__(
         self,
@@ -312,8 +318,84 @@ class HostLeaseLessor:
         self.pool = pool
         self.make_transports = make_transports
         self.close_all = close_all
-        self.renew_every_s: float | None = None  # the arm's own host leases beat (lease.held)
         self.taken: dict[str, tuple[list, Mapping[str, Any]]] = {}
+
+    def try_take(self, member: str, holder: Any) -> bool:
+        from orchestrator import lease as host_lease
+
+        cluster = self.pool.clusters[member]
+        transports = self.make_transports(_hosts(cluster))
+        leases = host_lease.cluster_leases(
+            transports, {r: getattr(cluster.hosts, r).work_dir for r in transports}
+        )
+        if not host_lease.try_acquire(leases, holder, cluster.lease):
+            self.close_all(transports)
+            return False
+        self.taken[member] = (leases, transports)
+        return True
+
+    def give_back(self, member: str, holder: Any) -> None:
+        """(After the arm gave them back itself, a no-op: a lease is released only by its holder.)"""
+        from orchestrator import lease as host_lease
+
+        leases, transports = self.taken.pop(member, ([], {}))
+        host_lease.release(leases, holder)
+        self.close_all(transports)
+
+
+class RayLessor:
+    """The pool's Ray actor, from a job running in a Ray task. A member it grants whose hosts turn out to
+    be held outside the pool is set aside for a while and another asked for."""
+
+    def __init__(self, pool: ClusterPoolConf, hosts: HostLeases):
+        self.actor = pool_actor(pool)
+        self.hosts = hosts
+        self.renew_every_s: float | None = pool.lease_ttl_s / 4
+
+    def acquire(self, holder: PoolHolder) -> Grant:
+        import ray
+
+        from orchestrator.lease import Holder
+
+        context = ray.get_runtime_context()
+        holder = dataclasses.replace(holder, task_id=context.get_task_id(), node_id=context.get_node_id())
+        lease_holder = Holder.this_process(holder.label)
+        while True:
+            grant = ray.get(self.actor.acquire.remote(holder))
+            if self.hosts.try_take(grant.member, lease_holder):
+                return dataclasses.replace(grant, host_holder=lease_holder)
+            wait_s = 5 * self.hosts.pool.clusters[grant.member].lease.poll_s
+            log.warning(
+                "cluster pool: %s is held outside the pool (a study started by hand on its hosts?); set "
+                "aside for %.0fs, asking for another",
+                grant.member,
+                wait_s,
+            )
+            ray.get(self.actor.set_aside.remote(grant, wait_s))
+
+    def renew(self, grant: Grant, run_id: str | None = None) -> bool:
+        import ray
+
+        return bool(ray.get(self.actor.renew.remote(grant.member, grant.lease.token, run_id), timeout=30))
+
+    def release(self, grant: Grant) -> None:
+        import ray
+
+        try:
+            ray.get(self.actor.release.remote(grant.member, grant.lease.token), timeout=30)
+        finally:
+            self.hosts.give_back(grant.member, grant.host_holder)
+
+
+class HostLeaseLessor:
+    """Outside Ray: the first member whose host leases are all free; waits while all are held. The grant
+    keeps the host leases taken, under the holder `arm.run_arm` is then given, so the arm holds them from
+    the pick to its last teardown step."""
+
+    def __init__(self, pool: ClusterPoolConf, hosts: HostLeases):
+        self.pool = pool
+        self.hosts = hosts
+        self.renew_every_s: float | None = None  # the arm's own host leases beat (lease.held)
 
     def acquire(self, holder: PoolHolder) -> Grant:
         from orchestrator import lease as host_lease
@@ -322,18 +404,11 @@ class HostLeaseLessor:
         lease_holder = host_lease.Holder.this_process(holder.label)
         start, said = time.monotonic(), -1e9
         while True:
-            for member, cluster in self.pool.clusters.items():
-                transports = self.make_transports(_hosts(cluster))
-                leases = host_lease.cluster_leases(
-                    transports, {r: getattr(cluster.hosts, r).work_dir for r in transports}
-                )
-                if not host_lease.try_acquire(leases, lease_holder, conf):
-                    self.close_all(transports)
-                    continue
-                now = time.time()
-                self.taken[member] = (leases, transports)
-                lease = PoolLease(member, lease_holder.id, holder, now, now)
-                return Grant(lease=lease, by=BY_HOST_LEASES, host_holder=lease_holder)
+            for member in self.pool.clusters:
+                if self.hosts.try_take(member, lease_holder):
+                    now = time.time()
+                    lease = PoolLease(member, lease_holder.id, holder, now, now)
+                    return Grant(lease=lease, by=BY_HOST_LEASES, host_holder=lease_holder)
             waited = time.monotonic() - start
             if waited >= conf.wait_s:
                 raise host_lease.LeaseHeld(f"every cluster of pool {self.pool.name}", None, waited)
@@ -348,11 +423,7 @@ class HostLeaseLessor:
         return True
 
     def release(self, grant: Grant) -> None:
-        from orchestrator import lease as host_lease
-
-        leases, transports = self.taken.pop(grant.member, ([], {}))
-        host_lease.release(leases, grant.host_holder)
-        self.close_all(transports)
+        self.hosts.give_back(grant.member, grant.host_holder)
 
 
 def _hosts(cluster: Any) -> dict[str, Any]:
@@ -362,11 +433,10 @@ def _hosts(cluster: Any) -> dict[str, Any]:
 
 
 def lessor_for(pool: ClusterPoolConf) -> Lessor:
-    if in_ray_task():
-        return RayLessor(pool)
     from orchestrator.remote import close_all, make_transports
 
-    return HostLeaseLessor(pool, make_transports, close_all)
+    hosts = HostLeases(pool, make_transports, close_all)
+    return RayLessor(pool, hosts) if in_ray_task() else HostLeaseLessor(pool, hosts)
 
 
 # --- holding a member for a whole arm -------------------------------------------------------------------

@@ -155,3 +155,23 @@ def test_outside_ray_an_arm_takes_the_member_a_study_by_hand_does_not_hold(tmp_p
     assert tags["lease.start"] < tags["lease.end"]
     assert not list(tmp_path.glob("pd1-*/lease"))  # given back
     assert not no_servers_left(tmp_path)
+
+
+def test_a_member_held_outside_the_pool_is_set_aside_then_offered_again():
+    state = pool.PoolState(members=MEMBERS)
+    first = pool.take(state, holder("a"), now=0.0, token="ta")
+    assert first.member == "pd0"
+    assert pool.set_aside(state, first, until=10.0)
+    assert pool.next_change(state, now=4.0, ttl_s=30.0) == pytest.approx(6.0)  # wake when it is back
+    assert pool.take(state, holder("a"), now=4.0, token="tb").member == "pd1"
+    assert pool.take(state, holder("c"), now=5.0, token="tc") is None  # pd0 still set aside
+    assert pool.take(state, holder("c"), now=10.0, token="tc").member == "pd0"
+
+
+def test_setting_aside_keeps_a_lost_lease_for_the_next_taker():
+    state = pool.PoolState(members=("pd0",))
+    pool.take(state, holder("a", task="t1"), now=0.0, token="ta")
+    pool.lose_task(state, "t1", "worker lost", now=1.0)
+    grant = pool.take(state, holder("b"), now=2.0, token="tb")
+    assert grant.lost is not None and pool.set_aside(state, grant, until=3.0)
+    assert pool.take(state, holder("c"), now=3.0, token="tc").lost.reason == "worker lost"

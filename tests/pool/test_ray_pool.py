@@ -9,6 +9,7 @@ Ctrl-C leaves nothing running.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -22,6 +23,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from orchestrator.lease import Holder, HostLease, held
+from orchestrator.remote.local import LocalTransport
+from orchestrator.schema import LeaseConf
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import free_port, pool_overrides
 from tests.pool.ray_head import RAY_ENV, local_ray_head
@@ -41,12 +45,12 @@ def ray_head() -> Iterator[str]:
         yield address
 
 
-def pooled_sweep(tmp_path: Path, address: str, *extra: str) -> subprocess.Popen:
+def pooled_sweep(tmp_path: Path, address: str, *extra: str, repetitions: str = "0,1") -> subprocess.Popen:
     argv = [
         sys.executable, "-m", "orchestrator", "hydra/launcher=heisenhunt_ray",
         f"hydra.launcher.ray.init.address={address}", *pool_overrides(tmp_path), "cluster_pool.lease_ttl_s=6",
         f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
-        f"hydra.sweep.dir={tmp_path}/multirun", "factor/multi_stream=on,off", "repetition=0,1",
+        f"hydra.sweep.dir={tmp_path}/multirun", "factor/multi_stream=on,off", f"repetition={repetitions}",
         "workload.rounds=2", "bench.enabled=false", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **RAY_ENV}
@@ -179,3 +183,46 @@ def test_ctrl_c_under_ray_stops_every_running_arm_and_leaves_nothing_running(tmp
     assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], out[-3000:]
     assert not no_servers_left(tmp_path), out[-3000:]
     assert not list(tmp_path.glob("*/*.pid")) and not list(tmp_path.glob("*/lease"))
+
+
+def test_each_round_of_a_sequential_study_is_one_ray_batch_spread_over_the_pool(tmp_path, ray_head):
+    proc = pooled_sweep(tmp_path, ray_head, "hydra.sweeper.design=sequential", "workload.sessions=40")
+    out = finish(proc, 500)
+    assert proc.returncode == 0, out[-5000:]
+    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
+    rounds = report["stopping"]["rounds"]
+    # one launcher batch per round, as the sweeper asked for it
+    assert out.count("Ray launcher: ") == rounds >= 1, out[-3000:]
+    runs = arm_runs(tmp_path)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    by_round: dict[str, list] = {}
+    for run in runs:
+        by_round.setdefault(run.data.tags["repetition"], []).append(run)
+    assert len(by_round) == rounds
+    # a round's arms ran side by side, one per member
+    both = [rs for rs in by_round.values() if len(rs) == 2]
+    assert both, {k: len(v) for k, v in by_round.items()}
+    for pair in both:
+        assert {r.data.tags["cluster_pool.member"] for r in pair} == set(MEMBERS)
+        (s1, e1), (s2, e2) = (lease_interval(r) for r in pair)
+        assert s1 < e2 and s2 < e1, (s1, e1, s2, e2)
+    assert_no_overlap(runs)
+    assert not no_servers_left(tmp_path)
+
+
+def test_under_ray_a_member_held_by_a_study_started_by_hand_is_passed_over(tmp_path, ray_head):
+    """pd0's hosts are held (as by a study started by hand there): the lessor's grant of pd0 is set aside
+    and every arm runs on pd1; pd0's lease is left as it was."""
+    by_hand = Holder.this_process("a study started by hand")
+    leases = [HostLease(LocalTransport(), str(tmp_path / f"pd0-{role}")) for role in ROLES]
+    with held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
+        proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=12", repetitions="0")
+        out = finish(proc, 400)
+        assert all((tmp_path / f"pd0-{role}" / "lease").is_dir() for role in ROLES)
+    assert proc.returncode == 0, out[-5000:]
+    runs = arm_runs(tmp_path)
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}, out[-3000:]
+    assert {r.data.tags["cluster_pool.member"] for r in runs} == {"pd1"}
+    assert "held outside the pool" in out
+    assert_no_overlap(runs)
+    assert not no_servers_left(tmp_path)
