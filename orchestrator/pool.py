@@ -136,7 +136,8 @@ def _lose(state: PoolState, member: str, reason: str, now: float) -> LostLease:
 def take(
     state: PoolState, holder: PoolHolder, now: float, token: str, only: Sequence[str] | None = None
 ) -> Grant | None:
-    """The first free member (one not lost first), leased to `holder`; None when all are held."""
+    """The first free member, a lost one first (taking it tears down what its lost arm left running, and
+    gives the pool its capacity back), leased to `holder`; None when all are held."""
     free = [
         m
         for m in state.members
@@ -144,7 +145,7 @@ def take(
     ]
     if not free:
         return None
-    member = min(free, key=lambda m: m in state.lost)  # stable: pool order, clean before lost
+    member = min(free, key=lambda m: m not in state.lost)  # stable: pool order, lost ones first
     lease = PoolLease(member=member, token=token, holder=holder, since=now, beat=now)
     state.leases[member] = lease
     return Grant(lease=lease, lost=state.lost.pop(member, None))

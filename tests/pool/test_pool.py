@@ -29,7 +29,7 @@ def holder(label: str, task: str | None = None) -> pool.PoolHolder:
 # --- the lease state ------------------------------------------------------------------------------------
 
 
-def test_members_are_granted_one_holder_at_a_time_clean_ones_first():
+def test_members_are_granted_one_holder_at_a_time_in_pool_order():
     state = pool.PoolState(members=MEMBERS)
     a = pool.take(state, holder("a"), now=0.0, token="ta")
     b = pool.take(state, holder("b"), now=0.0, token="tb")
@@ -55,7 +55,7 @@ def test_a_holder_that_stops_renewing_is_lost_and_the_next_taker_is_told():
     assert state.lost == {}  # told once: the taker recovers it
 
 
-def test_a_free_clean_member_goes_before_a_lost_one_and_the_launcher_can_lose_a_task_at_once():
+def test_a_lost_member_is_taken_before_a_clean_one_and_the_launcher_can_lose_a_task_at_once():
     state = pool.PoolState(members=MEMBERS)
     pool.take(state, holder("a", task="t1"), now=0.0, token="ta")
     pool.take(state, holder("b", task="t2"), now=0.0, token="tb")
@@ -63,9 +63,10 @@ def test_a_free_clean_member_goes_before_a_lost_one_and_the_launcher_can_lose_a_
     assert lost is not None and lost.lease.member == "pd0" and "pd0" not in state.leases
     assert pool.lose_task(state, "t1", "again", now=2.0) is None
     pool.give_back(state, "pd1", "tb")
-    assert pool.take(state, holder("c"), now=3.0, token="tc").member == "pd1"  # clean first
-    grant = pool.take(state, holder("d"), now=3.0, token="td")
+    # lost first: its leftovers are torn down at once, and the pool is whole again
+    grant = pool.take(state, holder("c"), now=3.0, token="tc")
     assert grant.member == "pd0" and grant.lost.reason == "its Ray worker was lost"
+    assert pool.take(state, holder("d"), now=3.0, token="td").member == "pd1"
 
 
 def test_renewal_records_the_holders_run_for_recovery():

@@ -48,7 +48,10 @@ def ray_head() -> Iterator[str]:
 def pooled_sweep(tmp_path: Path, address: str, *extra: str, repetitions: str = "0,1") -> subprocess.Popen:
     argv = [
         sys.executable, "-m", "orchestrator", "hydra/launcher=heisenhunt_ray",
-        f"hydra.launcher.ray.init.address={address}", *pool_overrides(tmp_path), "cluster_pool.lease_ttl_s=6",
+        f"hydra.launcher.ray.init.address={address}", *pool_overrides(tmp_path),
+        # a lost holder is found by the launcher at once; expiry is the fallback, kept well above the
+        # renewal period even on a loaded 2-core CI machine
+        "cluster_pool.lease_ttl_s=20",
         f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun", "factor/multi_stream=on,off", f"repetition={repetitions}",
         "workload.rounds=2", "bench.enabled=false", *extra,
@@ -100,7 +103,8 @@ def test_four_arms_on_two_clusters_never_share_one_and_leave_nothing_running(tmp
     out = finish(proc, 400)
     assert proc.returncode == 0, out[-5000:]
     runs = arm_runs(tmp_path)
-    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}, out[-3000:]
+    reasons = [r.data.tags.get("failure_reason") for r in runs]
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}, (reasons, out[-3000:])
     assert {r.data.tags["lease.by"] for r in runs} == {"ray"}
     assert_no_overlap(runs)
     # Ray spread them: both members ran arms, and two arms ran at once (on different members)
@@ -143,7 +147,8 @@ def test_a_killed_ray_worker_is_one_failed_arm_and_its_cluster_is_torn_down_and_
     reason = lost.data.tags["failure_reason"]
     assert "lost" in reason and "Ray worker" in reason and member in reason, reason
     others = [r for r in runs.values() if r.info.run_id != victim.info.run_id]
-    assert len(others) == 3 and {r.info.status for r in others} == {"FINISHED"}, out[-3000:]
+    reasons = [r.data.tags.get("failure_reason") for r in others]
+    assert len(others) == 3 and {r.info.status for r in others} == {"FINISHED"}, (reasons, out[-3000:])
     # a later arm took the lost member, tore it down first (its co-restart), and ran there
     later = [
         r for r in others
@@ -194,7 +199,7 @@ def test_each_round_of_a_sequential_study_is_one_ray_batch_spread_over_the_pool(
     # one launcher batch per round, as the sweeper asked for it
     assert out.count("Ray launcher: ") == rounds >= 1, out[-3000:]
     runs = arm_runs(tmp_path)
-    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert {r.info.status for r in runs} == {"FINISHED"}, [r.data.tags.get("failure_reason") for r in runs]
     by_round: dict[str, list] = {}
     for run in runs:
         by_round.setdefault(run.data.tags["repetition"], []).append(run)
@@ -221,7 +226,8 @@ def test_under_ray_a_member_held_by_a_study_started_by_hand_is_passed_over(tmp_p
         assert all((tmp_path / f"pd0-{role}" / "lease").is_dir() for role in ROLES)
     assert proc.returncode == 0, out[-5000:]
     runs = arm_runs(tmp_path)
-    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}, out[-3000:]
+    reasons = [r.data.tags.get("failure_reason") for r in runs]
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}, (reasons, out[-3000:])
     assert {r.data.tags["cluster_pool.member"] for r in runs} == {"pd1"}
     assert "held outside the pool" in out
     assert_no_overlap(runs)
