@@ -255,9 +255,6 @@ class PoolLessor:
         expire(self.state, time.time(), self.ttl_s)
         return sorted(m for m in self.state.lost if m not in self.state.leases)
 
-    async def snapshot(self) -> PoolState:
-        return dataclasses.replace(self.state, leases=dict(self.state.leases), lost=dict(self.state.lost))
-
 
 def actor_name(pool: ClusterPoolConf) -> str:
     """One actor per pool and membership: a pool redefined with other clusters gets its own."""
