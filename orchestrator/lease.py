@@ -210,23 +210,27 @@ def try_acquire(leases: Sequence[HostLease], holder: Holder, conf: LeaseConf) ->
     here = socket.gethostname()
     taken: list[HostLease] = []
     for lease in leases:
-        while True:
-            ok, current, age = lease.try_take(holder)
-            if ok:
-                taken.append(lease)
-                break
-            if current is None and age == 0.0:
-                continue  # it went away between the two checks
-            if not is_stale(current, age, conf.stale_after_s, here, _local_start_time):
-                release(taken, holder)
-                return False
-            log.warning(
-                "lease on %s: %s is gone; taking the cluster over",
-                lease.where,
-                current.describe() if current else "a holder that left no record",
-            )
-            lease.take_over(current)
+        if not _take_now(lease, holder, conf, here)[0]:
+            release(taken, holder)
+            return False
+        taken.append(lease)
     return True
+
+
+def _take_now(lease: HostLease, holder: Holder, conf: LeaseConf, here: str) -> tuple[bool, Holder | None]:
+    """Take the lease if it is free or its holder is gone (taken over first): (True, None); else
+    (False, the live holder)."""
+    while True:
+        taken, current, age = lease.try_take(holder)
+        if taken:
+            return True, None
+        if current is None and age == 0.0:
+            continue  # it went away between the two checks: try again at once
+        if not is_stale(current, age, conf.stale_after_s, here, _local_start_time):
+            return False, current
+        who = current.describe() if current else "a holder that left no record"
+        log.warning("lease on %s: %s is gone; taking the cluster over", lease.where, who)
+        lease.take_over(current)
 
 
 def _acquire_one(
@@ -240,14 +244,9 @@ def _acquire_one(
     last_said = -1e9
     here = socket.gethostname()
     while True:
-        taken, current, age = lease.try_take(holder)
+        taken, current = _take_now(lease, holder, conf, here)
         if taken:
             return
-        if is_stale(current, age, conf.stale_after_s, here, _local_start_time):
-            who = current.describe() if current else "a holder that left no record"
-            log.warning("lease on %s: %s is gone; taking the cluster over", lease.where, who)
-            lease.take_over(current)
-            continue
         waited = time.monotonic() - start
         if waited >= conf.wait_s:
             raise LeaseHeld(lease.where, current, waited)
