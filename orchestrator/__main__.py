@@ -59,7 +59,7 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         )
         return step.summary()
     if pool is None:
-        return run_on_cluster(job, cfg, output_dir)
+        return run_on_cluster(job, step, cfg, output_dir)
     from orchestrator import pool as cluster_pool
     from orchestrator.tracking import tag_run
 
@@ -82,17 +82,20 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
                 hold.grant.lost.reason,
             )
             cluster_pool.mark_lost_run(hold.grant.lost, f"by the next arm on {hold.member}")
-        return run_on_cluster(on_cluster(job, hold.member), cfg, output_dir, hold)
+        on_member = on_cluster(job, hold.member)
+        step = prepare(on_member, set())  # planned again: the member's hosts and ports
+        assert isinstance(step, ArmStart)
+        return run_on_cluster(on_member, step, cfg, output_dir, hold)
 
 
-def run_on_cluster(job: JobConf, cfg: DictConfig, output_dir: Path, hold: Any = None) -> dict[str, Any]:
-    """Run the job's arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
+def run_on_cluster(
+    job: JobConf, step: ArmStart, cfg: DictConfig, output_dir: Path, hold: Any = None
+) -> dict[str, Any]:
+    """Run the job's prepared arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
     from orchestrator import pool as cluster_pool
     from orchestrator.remote import make_transports
     from orchestrator.tracking import ArmTracker, parent_run_id
 
-    step = prepare(job, set())
-    assert isinstance(step, ArmStart)
     output_dir.mkdir(parents=True, exist_ok=True)
     config_file = output_dir / "resolved_config.yaml"
     job_keys = [k for k in cfg if k != "hydra"]  # a composed config may carry Hydra's own node
