@@ -22,7 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import free_port
-from tests.test_study import finish
+from tests.test_study import finish, kill_if_running
 
 ROLES = ("prefill", "decode", "router")
 STUDY = "quick"
@@ -161,9 +161,7 @@ class Study:
 
     def cleanup(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            kill_if_running(proc)
         for path in self.pid_files():
             pgid = pid_of(path)
             if pgid and group_alive(pgid):

@@ -60,6 +60,13 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
     return out
 
 
+def kill_if_running(proc: subprocess.Popen) -> None:
+    """A test's last word on its orchestrator: never left running after a failed assertion."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def runs(tmp_path: Path, study: str):
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name(study)
@@ -137,9 +144,7 @@ def test_ctrl_c_in_the_first_arm_stops_the_sweep_and_leaves_nothing_running(tmp_
         proc.send_signal(signal.SIGINT)
         out = finish(proc, 120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
     assert proc.returncode != 0
     # the sweep stopped: the second arm never started, the first is KILLED, so is the parent
     assert not (tmp_path / "multirun" / "1").exists(), out[-3000:]

@@ -29,7 +29,7 @@ from orchestrator.schema import LeaseConf
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import free_port, pool_overrides
 from tests.pool.ray_head import RAY_ENV, local_ray_head
-from tests.test_study import finish, no_servers_left
+from tests.test_study import finish, kill_if_running, no_servers_left
 
 pytest.importorskip("ray")
 pytest.importorskip("hydra_plugins.hydra_ray_launcher")
@@ -137,9 +137,7 @@ def test_a_killed_ray_worker_is_one_failed_arm_and_its_cluster_is_torn_down_and_
         os.kill(holder_pid(victim), signal.SIGKILL)
         out = finish(proc, 400)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
     assert proc.returncode == 0, out[-5000:]  # the sweep finished
     runs = {r.info.run_id: r for r in arm_runs(tmp_path)}
     lost = runs[victim.info.run_id]
@@ -179,9 +177,7 @@ def test_ctrl_c_under_ray_stops_every_running_arm_and_leaves_nothing_running(tmp
         proc.send_signal(signal.SIGINT)
         out = finish(proc, 200)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
     assert proc.returncode != 0, out[-3000:]
     runs = arm_runs(tmp_path)
     # the two running arms were stopped and recorded KILLED; the two queued never started
