@@ -62,7 +62,6 @@ class PoolHolder:
     hostname: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     task_id: str | None = None
-    node_id: str | None = None
     run_id: str | None = None
 
     def describe(self) -> str:
@@ -322,10 +321,9 @@ class HostLeases:
         from orchestrator import lease as host_lease
 
         cluster = self.pool.clusters[member]
-        transports = self.make_transports(_hosts(cluster))
-        leases = host_lease.cluster_leases(
-            transports, {r: getattr(cluster.hosts, r).work_dir for r in transports}
-        )
+        hosts = _hosts(cluster)
+        transports = self.make_transports(hosts)
+        leases = host_lease.cluster_leases(transports, {role: host.work_dir for role, host in hosts.items()})
         if not host_lease.try_acquire(leases, holder, cluster.lease):
             self.close_all(transports)
             return False
@@ -356,7 +354,7 @@ class RayLessor:
         from orchestrator.lease import Holder
 
         context = ray.get_runtime_context()
-        holder = dataclasses.replace(holder, task_id=context.get_task_id(), node_id=context.get_node_id())
+        holder = dataclasses.replace(holder, task_id=context.get_task_id())
         lease_holder = Holder.this_process(holder.label)
         while True:
             grant = ray.get(self.actor.acquire.remote(holder))
