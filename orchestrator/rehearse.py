@@ -15,7 +15,7 @@ sessions per run. Each arm's truth comes from the fault model (the built-in one,
 effective configs (parsed by the sim's own parsers) pick the model's rule, and the rule gives
 - the session rate q = 1 - (1 - p)^rounds, p the rule's per-turn probability at the workload's
   concurrency (every session concurrent unless `workload.concurrency` says otherwise: the decode's load
-  is about that; `tests/sim/test_rehearse_sim.py` checks it against a real sim run), and
+  is about that; `tests/sim/test_calibration.py` checks it against real sim runs), and
 - the rule's `restart_icc` rho: each run (server start) draws its rate from Beta(mean q, ICC rho), as
   the sim does (docs/fault-model.md); `rehearse.restart_icc` replaces every rule's value.
 

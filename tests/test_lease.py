@@ -16,7 +16,7 @@ import pytest
 from orchestrator.lease import Holder, HostLease, LeaseHeld, acquire, cluster_leases, held, is_stale, release
 from orchestrator.remote.local import LocalTransport
 from orchestrator.schema import LeaseConf
-from tests.conftest import free_port
+from tests.conftest import free_port, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
 
 QUICK = LeaseConf(wait_s=0.5, poll_s=0.05, heartbeat_s=0.1, stale_after_s=60)
@@ -133,7 +133,7 @@ def test_two_studies_started_at_once_on_one_cluster_both_finish_and_leave_nothin
         (tmp_path / name).mkdir()
         argv = [
             sys.executable, "-m", "orchestrator", *cluster, *small,
-            f"tracking.uri=sqlite:///{tmp_path}/{name}/mlflow.db",
+            f"tracking.uri={seed_mlflow_store(tmp_path / name / 'mlflow.db')}",
             f"report.dir={tmp_path}/{name}/reports",
             f"hydra.sweep.dir={tmp_path}/{name}/multirun",
         ]  # fmt: skip

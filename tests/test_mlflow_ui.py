@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator.config import CONF_DIR
 from orchestrator.results import StressSummary
 from orchestrator.tracking import NOTE_TAG, ArmTracker, arms_view_url, end_study_run, start_study_run
-from tests.conftest import free_port, job_and_plan, local_cluster_overrides
+from tests.conftest import free_port, job_and_plan, local_cluster_overrides, seed_mlflow_store
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "mlflow-compare.png"
@@ -100,7 +100,7 @@ def study_store(store_dir):
     parent run id). One store (and one server) for the module: the server takes ~15 s to start."""
     base = [
         *local_cluster_overrides(store_dir),
-        f"tracking.uri=sqlite:///{store_dir}/mlflow.db",
+        f"tracking.uri={seed_mlflow_store(store_dir / 'mlflow.db')}",
         f"tracking.artifact_location={store_dir}/artifacts",
         f"report.dir={store_dir}/reports",
         f"hydra.sweep.dir={store_dir}/sweep",

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import free_port
+from tests.conftest import free_port, seed_mlflow_store
 from tests.test_study import finish, kill_if_running
 
 ROLES = ("prefill", "decode", "router")
@@ -225,6 +225,7 @@ def artifact_text(client: MlflowClient, run_id: str, path: str, dst: Path) -> st
 @pytest.fixture
 def study(tmp_path: Path) -> Iterator[Study]:
     s = Study(tmp_path, {role: free_port() for role in (*ROLES, "bootstrap", "metrics")})
+    seed_mlflow_store(tmp_path / "mlflow.db")
     try:
         yield s
     finally:
@@ -632,6 +633,7 @@ SECRET = "hunter2-secret-value"
 def test_a_literal_secret_on_the_command_line_is_refused_naming_the_form_to_use(study):
     """Hydra keeps the command line as typed (.hydra/, multirun.yaml, its launch log): a literal secret
     would be there for good, so it is refused before Hydra sees it."""
+    (study.root / "mlflow.db").unlink()  # not even a store is made
     rc, out = study.run("factor/multi_stream=on", f"++deployment.roles.decode.env={{HF_TOKEN: {SECRET}}}")
     assert rc == 2, out[-3000:]
     assert "deployment.roles.decode.env.HF_TOKEN: a literal secret" in out

@@ -16,7 +16,7 @@ from orchestrator.callbacks import StudyCallback
 from orchestrator.report import dumps, launch_command, render_markdown
 from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 from orchestrator.tracking import ArmTracker
-from tests.conftest import job_and_plan
+from tests.conftest import job_and_plan, seed_mlflow_store
 
 
 def _tracker(cfg, repetition: int, parent: str | None) -> ArmTracker:
@@ -459,7 +459,7 @@ def test_real_hydra_multirun_hands_the_parent_to_every_job(tmp_path):
     the report at the end."""
     app = tmp_path / "app.py"
     app.write_text(HYDRA_APP)
-    db = f"sqlite:///{tmp_path}/mlflow.db"
+    db = seed_mlflow_store(tmp_path / "mlflow.db")
     proc = subprocess.run(
         [
             sys.executable,

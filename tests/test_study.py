@@ -17,7 +17,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import local_cluster_overrides
+from tests.conftest import local_cluster_overrides, seed_mlflow_store
 
 SMALL = [
     "workload.sessions=12",
@@ -39,7 +39,7 @@ def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
         "orchestrator",
         *flags,
         *local_cluster_overrides(tmp_path),
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"tracking.uri={seed_mlflow_store(tmp_path / 'mlflow.db')}",
         f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun",
         *overrides,

@@ -16,7 +16,7 @@ from orchestrator.plan import plan_arm
 from orchestrator.remote.local import LocalTransport
 from orchestrator.schema import LeaseConf
 from tests.conftest import POOL_MEMBERS as MEMBERS
-from tests.conftest import pool_overrides
+from tests.conftest import pool_overrides, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
 
 ROLES = ("prefill", "decode", "router")
@@ -128,7 +128,7 @@ def test_outside_ray_an_arm_takes_the_member_a_study_by_hand_does_not_hold(tmp_p
     argv = [
         sys.executable, "-m", "orchestrator", *overrides, "factor/multi_stream=on", "repetition=0",
         "workload.sessions=12", "workload.rounds=2", "bench.enabled=false",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+        f"tracking.uri={seed_mlflow_store(tmp_path / 'mlflow.db')}", f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun",
     ]  # fmt: skip
     with held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):

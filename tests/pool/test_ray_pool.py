@@ -27,7 +27,7 @@ from orchestrator.lease import Holder, HostLease, held
 from orchestrator.remote.local import LocalTransport
 from orchestrator.schema import LeaseConf
 from tests.conftest import POOL_MEMBERS as MEMBERS
-from tests.conftest import free_port, pool_overrides
+from tests.conftest import free_port, pool_overrides, seed_mlflow_store
 from tests.pool.ray_head import RAY_ENV, local_ray_head
 from tests.test_study import finish, kill_if_running, no_servers_left
 
@@ -39,8 +39,10 @@ pytestmark = pytest.mark.slow
 ROLES = ("prefill", "decode", "router")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
+    """One Ray cluster for the module's tests (per pytest worker), as several studies share one: each
+    sweep is its own Ray job, and each pool's lessor actor is named after its members' ports."""
     with local_ray_head(free_port) as address:
         yield address
 
@@ -52,7 +54,7 @@ def pooled_sweep(tmp_path: Path, address: str, *extra: str, repetitions: str = "
         # a lost holder is found by the launcher at once; expiry is the fallback, kept well above the
         # renewal period even on a loaded 2-core CI machine
         "cluster_pool.lease_ttl_s=20",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+        f"tracking.uri={seed_mlflow_store(tmp_path / 'mlflow.db')}", f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun", "factor/multi_stream=on,off", f"repetition={repetitions}",
         "workload.rounds=2", "bench.enabled=false", *extra,
     ]  # fmt: skip
@@ -117,7 +119,8 @@ def test_four_arms_on_two_clusters_never_share_one_and_leave_nothing_running(tmp
 
 
 def test_a_killed_ray_worker_is_one_failed_arm_and_its_cluster_is_torn_down_and_reused(tmp_path, ray_head):
-    proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=60", "workload.concurrency=4")
+    # 4 sessions at a time: an arm's stress outlasts the wait for the kill by seconds
+    proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=24", "workload.concurrency=4")
     try:
         deadline, victim = time.monotonic() + 180, None
         while victim is None:
@@ -187,7 +190,11 @@ def test_ctrl_c_under_ray_stops_every_running_arm_and_leaves_nothing_running(tmp
 
 
 def test_each_round_of_a_sequential_study_is_one_ray_batch_spread_over_the_pool(tmp_path, ray_head):
-    proc = pooled_sweep(tmp_path, ray_head, "hydra.sweeper.design=sequential", "workload.sessions=40")
+    # two rounds at most: enough to show one batch per round
+    proc = pooled_sweep(
+        tmp_path, ray_head, "hydra.sweeper.design=sequential", "workload.sessions=40",
+        "study.stopping.max_runs_per_arm=2",
+    )  # fmt: skip
     out = finish(proc, 500)
     assert proc.returncode == 0, out[-5000:]
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())

@@ -1,17 +1,22 @@
 """The built-in fault model and throughput model, measured end to end through the real router.
 
 Slow: each study arm is a co-restarted deployment driven by 60 concurrent sessions x 4 rounds (time
-scale 0.05), averaged over repetitions; the throughput curve runs at time scale 0.5.
+scale 0.05), averaged over repetitions; the throughput curve runs at time scale 0.5. The same starts
+check the rehearsal's model of an arm's rate (`python -m orchestrator.rehearse`: 1 - (1 - p)^rounds, p
+the rule's per-turn probability at the workload's concurrency) against the sim.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 from pathlib import Path
 
 import pytest
 from simkit import BASELINE, FIXED, MODEL, Arm, bench_level, count, run_sessions, sim_counters
 
+from orchestrator.rehearse import from_config
 from orchestrator.workload.stress import StressSettings, run_stress_sync
 
 SESSIONS, ROUNDS = 60, 4
@@ -31,19 +36,28 @@ def corruption_rates(c, reps: int) -> list[float]:
     return rates
 
 
+@functools.cache
+def rehearsed_arms() -> dict[str, dict]:
+    """The rehearsal's model of the dsv4 study's arms (rate per session, restart ICC), by label."""
+    result = from_config(["+experiment=dsv4_corruption", "rehearse.studies=1"])
+    assert result["workload"] == {"sessions": SESSIONS, "rounds": ROUNDS, "load": SESSIONS}
+    return {a["label"]: a for a in result["design"]["arms"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("arm", "low", "high", "reps"),
-    [(BASELINE, 0.13, 0.18, 30), (Arm(hicache=False), 0.03, 0.07, 20)],
+    ("arm", "label", "low", "high", "reps"),
+    [(BASELINE, "baseline", 0.13, 0.18, 30), (Arm(hicache=False), "hicache=off", 0.03, 0.07, 20)],
     ids=["baseline", "no-hicache"],
 )
-def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm, low, high, reps):
+def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm, label, low, high, reps):
     """Measured with the orchestrator's own stress runner and oracle (orchestrator/workload/stress.py).
     The bands are averages over server starts (each start draws its own rate: restart_icc), so every
     repetition is a fresh co-restarted deployment. The modelled load follows the workload, not the
-    host's speed (engine.py), so this runs beside other tests (test_host_load.py: beside CPU hogs)."""
+    host's speed (engine.py), so this runs beside other tests (test_host_load.py: beside CPU hogs).
+    The rehearsal's modelled rate must match the same starts within sampling error."""
     c = cluster(time_scale=0.05)
-    rates = []
+    rates, loads = [], []
     for rep in range(reps):
         c.stop_all()
         c.start_all(arm)
@@ -60,13 +74,22 @@ def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm
                 progress=False,
             )
         )
-        after = sim_counters(c.procs["decode"].url)["corrupted_turns"]
+        counters = sim_counters(c.procs["decode"].url)
         assert summary.errored == 0 and summary.sessions == SESSIONS
-        assert summary.corrupted == after - before  # the oracle finds every turn the sim corrupted, no more
+        # the oracle finds every turn the sim corrupted, no more
+        assert summary.corrupted == counters["corrupted_turns"] - before
         rates.append(summary.corrupted / SESSIONS)
+        loads.append(counters["planned_load_sum"] / counters["planned_turns"])
     mean = sum(rates) / len(rates)
     assert low <= mean <= high, rates
     assert sim_counters(c.procs["decode"].url)["max_batch"] >= 40  # the sessions really ran concurrently
+    # the rehearsal's model: beta-binomial sampling error of the sessions in runs of SESSIONS, 3.5 SE
+    modelled = rehearsed_arms()[label]
+    q, icc, n = modelled["rate"], modelled["restart_icc"], SESSIONS * reps
+    se = math.sqrt(q * (1 - q) / n * (1 + (SESSIONS - 1) * icc))
+    assert abs(mean - q) <= 3.5 * se, (mean, q, se)
+    # the load a turn joins is about the concurrency the model assumes
+    assert 0.7 * SESSIONS <= sum(loads) / len(loads) <= SESSIONS, loads
 
 
 # the study's three fixes (one knob off), one with HiCache off too, and every knob off: through the real
