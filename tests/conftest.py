@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
 import shutil
@@ -47,9 +48,14 @@ def free_port() -> int:
         return port
 
 
+# seconds per test as last recorded (scripts/record-test-durations.py), for the order below
+_DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end runs first: with two workers, a long run left to the end would run alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Longest first (as last recorded; then the end-to-end runs not recorded yet, then the rest): the
+    workers take tests in this order as they free up, so no long run is left to the end to run alone."""
+    items.sort(key=lambda item: (-_DURATIONS.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None))
 
 
 @functools.cache
