@@ -89,9 +89,16 @@ def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[flo
     if not 0 <= k <= n:
         raise ValueError(f"k={k} must be within 0..n={n}")
     tail = (1 - confidence) / 2
-    lo = 0.0 if k == 0 else float(sps.beta.ppf(tail, k, n - k + 1))
-    hi = 1.0 if k == n else float(sps.beta.ppf(1 - tail, k + 1, n - k))
+    # Beta quantiles by scipy.special directly: the same function as sps.beta.ppf without the
+    # distribution object's argument handling, which cost the Monte Carlo rehearsals a quarter of their time
+    lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, tail))
+    hi = 1.0 if k == n else float(special.betaincinv(k + 1, n - k, 1 - tail))
     return lo, hi
+
+
+def _z(confidence: float) -> float:
+    """The normal deviate of a two-sided interval at `confidence`."""
+    return float(special.ndtri(1 - (1 - confidence) / 2))
 
 
 def upper_bound(k: int, n: int, confidence: float = CONFIDENCE) -> float:
@@ -103,7 +110,7 @@ def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float
     """Wilson score interval for a proportion; (0, 1) when n == 0."""
     if n <= 0:
         return 0.0, 1.0
-    z = float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    z = _z(confidence)
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
@@ -171,8 +178,8 @@ def sessions_needed(
     p2 = target_rate(p1, min_effect)
     delta = abs(p1 - p2)
     pbar = (p1 + p2) / 2
-    z_a = float(sps.norm.ppf(1 - alpha / 2))
-    z_b = float(sps.norm.ppf(power))
+    z_a = float(special.ndtri(1 - alpha / 2))
+    z_b = float(special.ndtri(power))
     n0 = (z_a * math.sqrt(2 * pbar * (1 - pbar)) + z_b * math.sqrt(p1 * (1 - p1) + p2 * (1 - p2))) ** 2
     n0 /= delta**2
     n = n0 / 4 * (1 + math.sqrt(1 + 4 / (n0 * delta))) ** 2
@@ -223,7 +230,7 @@ def contrast_interval(
     if not used or any(n <= 0 for _, n, _ in used):
         return math.nan, math.nan, math.nan
     m = len(used)
-    z = float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    z = _z(confidence)
     estimate = sum(c * k / n for k, n, c in used)
     adjusted = [((k + 2 / m) / (n + 4 / m), n + 4 / m, c) for k, n, c in used]
     centre = sum(c * p for p, _, c in adjusted)
@@ -412,8 +419,8 @@ def t_reference(p: float, df: int) -> float:
     0: nothing to refer to)."""
     if df <= 0 or p >= 1:
         return float(min(1.0, p))
-    z = float(sps.norm.isf(p / 2))
-    return float(min(1.0, 2 * sps.t.sf(z, df)))
+    z = -float(special.ndtri(p / 2))
+    return float(min(1.0, 2 * special.stdtr(df, -z)))
 
 
 def design_effect(icc: float, mean_run_size: float) -> float:
