@@ -53,9 +53,11 @@ _DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first (as last recorded; then the end-to-end runs not recorded yet, then the rest): the
-    workers take tests in this order as they free up, so no long run is left to the end to run alone."""
+    """Longest first (as last recorded; then the end-to-end runs not recorded yet, then the rest), dealt
+    round-robin to the workers: worksteal gives each worker one contiguous share of this list, so each
+    starts on its part of the longest tests, and a worker that runs dry steals the other's short ones."""
     items.sort(key=lambda item: (-_DURATIONS.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None))
+    items[:] = [item for worker in range(_WORKERS) for item in items[worker::_WORKERS]]
 
 
 @functools.cache

@@ -23,6 +23,8 @@ def test_an_interrupted_sequential_study_resumes_without_losing_a_finished_run(s
         "workload.rounds=2",
         "workload.concurrency=1",
         "bench.enabled=false",
+        # three rounds at most: the resumed sweep's rounds past the interrupted one, not six
+        "study.stopping.max_runs_per_arm=3",
     ]
     proc = study.start(*sweep)
     out = interrupt_mid_stress(study, proc, 2, signal.SIGTERM)  # job 2: round 1's first arm
