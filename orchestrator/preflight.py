@@ -282,21 +282,22 @@ class HostProvenance:
         }
 
 
-_IDENTITY = "import platform, socket; print(socket.gethostname()); print(platform.python_version())"
+# hostname, python version, then the sglang version: one interpreter start for the three
+_IDENTITY = "import platform, socket; print(socket.gethostname()); print(platform.python_version())\n" + _VERSION
 
 
 def host_provenance(
     t: Transport, python: str, server_checkout: str | None = None, nvidia_smi: str = "nvidia-smi"
 ) -> HostProvenance:
     """Hostname, python and sglang versions, checkout SHA and dirty state, GPU memory in use."""
-    hostname, python_version = _run_python(t, python, _IDENTITY, timeout=60.0).split()[:2]
+    hostname, python_version, *version = _run_python(t, python, _IDENTITY, timeout=60.0).splitlines()
     git = git_provenance(t, server_checkout) if server_checkout else {"sha": None, "dirty": None}
     gpus = gpu_memory_used(t, nvidia_smi)
     return HostProvenance(
         host=t.host,
         hostname=hostname,
         python_version=python_version,
-        sglang_version=sglang_version(t, python),
+        sglang_version="".join(version).strip() or None,
         checkout_sha=git["sha"],
         checkout_dirty=git["dirty"],
         gpu_memory_used_mib=tuple(gpus) if gpus is not None else None,
