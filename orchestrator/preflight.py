@@ -283,7 +283,9 @@ class HostProvenance:
 
 
 # hostname, python version, then the sglang version: one interpreter start for the three
-_IDENTITY = "import platform, socket; print(socket.gethostname()); print(platform.python_version())\n" + _VERSION
+_IDENTITY = (
+    "import platform, socket; print(socket.gethostname()); print(platform.python_version())\n" + _VERSION
+)
 
 
 def host_provenance(
