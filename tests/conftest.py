@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import random
 import shutil
@@ -48,16 +47,9 @@ def free_port() -> int:
         return port
 
 
-# seconds per test as last recorded (scripts/record-test-durations.py), for the order below
-_DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first (as last recorded; then the end-to-end runs not recorded yet, then the rest), dealt
-    round-robin to the workers: worksteal gives each worker one contiguous share of this list, so each
-    starts on its part of the longest tests, and a worker that runs dry steals the other's short ones."""
-    items.sort(key=lambda item: (-_DURATIONS.get(item.nodeid, 0.0), item.get_closest_marker("slow") is None))
-    items[:] = [item for worker in range(_WORKERS) for item in items[worker::_WORKERS]]
+    """The end-to-end runs first: with two workers, a long run left to the end would run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @functools.cache

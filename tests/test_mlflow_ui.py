@@ -129,7 +129,13 @@ def mlflow_ui(study_store, store_dir) -> Iterator[str]:
     """`mlflow server` on a free loopback port over the study's store; yields its base URL."""
     uri, tmp_path = study_store[0], store_dir
     port = free_port()
-    env = os.environ | {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    # no job execution: MLflow's server would start huey job consumers (for its GenAI jobs) that polled
+    # through ~25 s of CPU in a suite run; the UI needs none of it
+    env = os.environ | {
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
     cmd += ["--default-artifact-root", str(tmp_path / "served"), "--host", "127.0.0.1", "--port", str(port)]
     log = (tmp_path / "mlflow-server.log").open("w")
