@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import random
@@ -58,6 +59,7 @@ def _migrated_store() -> Path:
     from mlflow import MlflowClient
 
     path = Path(tempfile.mkdtemp(prefix="hh-mlflow-template-")) / "mlflow.db"
+    atexit.register(shutil.rmtree, path.parent, True)  # gone with the test process, not left in /tmp
     MlflowClient(f"sqlite:///{path}").search_experiments()
     return path
 
