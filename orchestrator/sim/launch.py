@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from orchestrator.sim import server
 
-ROUTER_MODULE = "sglang_router.launch_router"
+# the real sglang-router, without the launcher's import of its Python mini load balancer (router.py)
+ROUTER_MODULE = "orchestrator.sim.router"
 
 
 @dataclass(frozen=True)
