@@ -146,12 +146,20 @@ def corrupt(
     if shape == "repetition":
         limit = min(max_tokens or REPETITION_CAP, REPETITION_CAP)
         strings = [v for v in args.values() if isinstance(v, str)] or [name]
-        unit = tokenize(f" {rng.choice(strings).split('/')[-1][:24]}")
+        unit = tokenize(f" {_repeated_word(rng.choice(strings), name)}")
         head = tokenize(f"{name}(")
         return (head + unit * limit)[:limit]
     if shape == "wrong_arguments":
         return tokenize(call_text(*_wrong_call(reply.call, messages, rng)))
     raise ValueError(f"unknown corruption shape {shape!r}")
+
+
+def _repeated_word(text: str, name: str) -> str:
+    """What a looping decode repeats of an argument: its last path segment holding a letter or digit (a
+    loop on `src/`'s empty tail would repeat a bare space, which no oracle calls a repetition), at most
+    24 characters; the tool's name when there is none."""
+    words = [w for w in text.split("/") if any(c.isalnum() for c in w)]
+    return (words[-1] if words else name)[:24]
 
 
 def _invalid_json(text: str, rng: random.Random) -> str:

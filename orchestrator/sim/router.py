@@ -32,7 +32,7 @@ def parse_router_args(argv: Sequence[str]) -> RouterArgs:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_router_args(sys.argv[1:] if argv is None else argv)
     if args.mini_lb:
-        raise SystemExit("--mini-lb is the Python debugging balancer: start it with sglang_router.launch_router")
+        raise SystemExit("--mini-lb is the Python debugging balancer: use sglang_router.launch_router for it")
     setproctitle.setproctitle("sglang::router")  # as the launcher names the process
     args._validate_router_args()
     Router.from_args(args).start()

@@ -11,6 +11,7 @@ import pytest
 from orchestrator.sim import agent
 from orchestrator.sim.faults import SHAPES
 from orchestrator.workload import tasks
+from orchestrator.workload.detect import periodic_run
 
 
 def conversation(rounds: int, done: int, seed: int = 3):
@@ -94,6 +95,30 @@ def test_every_shape_is_a_detectable_corruption(shape, seed):
         assert name in names
         jsonschema.validate(json.loads(args), tasks.TOOL_SCHEMAS[name])
         assert (name, json.loads(args)) != (expected.name, dict(expected.arguments))
+
+
+def test_a_repetition_of_any_call_the_workload_makes_is_one_the_oracle_calls_a_repetition():
+    """Every shell command the workload's tasks can ask for (each template with each word and module)
+    and the argument strings of 40 seeds x 20 sessions of tasks: a looped decode of each holds a letter
+    or digit, so the oracle's detector finds it. (`ls src/` once looped its empty tail, a bare space: the
+    oracle saw a missing tool call instead, and the stress test comparing the two failed.)"""
+    values = {
+        ("run_shell", c.format(w=w, m=m))
+        for c in tasks._COMMANDS
+        for w in tasks._WORDS
+        for m in tasks._MODULES
+    }
+    for seed in range(40):
+        for session in range(20):
+            for call in tasks.make_task(seed, session, 4).steps:
+                values |= {(call.name, v) for v in call.arguments.values() if isinstance(v, str)}
+    missed = []
+    for name, value in sorted(values):
+        reply = agent.Reply(call=tasks.ToolCall(name, {"only": value}))
+        tokens = agent.corrupt(reply, "repetition", random.Random(0), [], tasks.TOOLS, 1024)
+        if periodic_run("".join(tokens)) is None:
+            missed.append((name, value))
+    assert not missed, missed[:10]
 
 
 def test_corruption_respects_max_tokens():
