@@ -109,7 +109,7 @@ def run_on_cluster(
     tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent)
     placement = {"cluster": job.cluster.name}
     if hold is not None:
-        hold.run_id = tracker.run_id
+        hold.record_run(tracker.run_id)
         placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
     tracker.log_tags(placement)
     tracker.log_artifact(config_file)

@@ -459,23 +459,35 @@ def lease_tags(pool: ClusterPoolConf, grant: Grant) -> dict[str, str]:
 
 
 class Hold:
-    """A member held for an arm: the grant, and the arm's run once it exists (told to the lessor at the
-    next renewal, so that recovery after a lost worker can mark that run FAILED)."""
+    """A member held for an arm: the grant, and the arm's run once it exists (told to the lessor, so that
+    recovery after a lost worker can mark that run FAILED)."""
 
-    def __init__(self, grant: Grant):
+    def __init__(self, grant: Grant, lessor: Lessor | None = None):
         self.grant = grant
         self.run_id: str | None = None
+        self._lessor = lessor
 
     @property
     def member(self) -> str:
         return self.grant.member
+
+    def record_run(self, run_id: str) -> None:
+        """The arm's run, told to the lessor now. Left to the next renewal (a quarter of the lease's ttl
+        later), a worker lost in between left a lease naming no run, and its run RUNNING for good."""
+        self.run_id = run_id
+        if self._lessor is None:
+            return
+        try:
+            self._lessor.renew(self.grant, run_id)
+        except Exception as e:  # the renewal thread tells it at its next beat
+            log.warning("could not tell the pool's lessor the run on %s yet: %s", self.member, e)
 
 
 @contextmanager
 def held(lessor: Lessor, holder: PoolHolder, on_end: Callable[[Hold, float], None]) -> Iterator[Hold]:
     """A member for the block: taken, renewed by a thread while the block runs, given back at the end,
     then `on_end(hold, end_time)`."""
-    hold = Hold(lessor.acquire(holder))
+    hold = Hold(lessor.acquire(holder), lessor)
     log.info("cluster pool: %s leased to this arm (by %s)", hold.member, hold.grant.by)
     stop = threading.Event()
 

@@ -76,6 +76,36 @@ def test_renewal_records_the_holders_run_for_recovery():
     assert pool.lose_task(state, "t1", "gone", now=2.0).lease.holder.run_id == "abc"
 
 
+class StateLessor:
+    """A lessor over the pure lease state, as the Ray actor holds it, without Ray (the Lessor interface)."""
+
+    renew_every_s = 3600.0  # no renewal beat within a test: only what the holder says at once counts
+
+    def __init__(self) -> None:
+        self.state = pool.PoolState(members=MEMBERS)
+
+    def acquire(self, who: pool.PoolHolder) -> pool.Grant:
+        return pool.take(self.state, who, now=0.0, token="t-" + who.label)
+
+    def renew(self, grant: pool.Grant, run_id: str | None = None) -> bool:
+        return pool.renew(self.state, grant.member, grant.lease.token, now=1.0, run_id=run_id)
+
+    def release(self, grant: pool.Grant) -> None:
+        pool.give_back(self.state, grant.member, grant.lease.token)
+
+
+def test_the_arms_run_is_told_to_the_lessor_at_once_so_a_worker_lost_before_its_first_renewal_is_recovered():
+    """The arm's run id reached the lessor at the next renewal (a quarter of the lease's ttl): a worker
+    killed sooner left a lost lease naming no run, and its MLflow run RUNNING for good (seen under load
+    in the Ray killed-worker test)."""
+    lessor = StateLessor()
+    with pool.held(lessor, holder("a", task="t1"), lambda hold, end: None) as hold:
+        hold.record_run("run-a")
+        # the worker dies here, before any renewal beat: the launcher loses its task
+        lost = pool.lose_task(lessor.state, "t1", "its Ray worker was lost", now=2.0)
+    assert lost is not None and lost.lease.holder.run_id == "run-a"
+
+
 # --- config ----------------------------------------------------------------------------------------------
 
 
