@@ -164,6 +164,10 @@ class Deployment:
         pending = dict(launched)
         healthy: dict[str, float] = {}
         last = dict.fromkeys(pending, "no answer yet")
+        # a role is taken for dead only when two looks a poll apart find its group gone: one `ps` was
+        # seen to miss a router that went on to serve (a loaded 2-core machine, under Ray), and the arm
+        # failed for it
+        gone_once: set[str] = set()
         while pending:
             for role, t0 in list(pending.items()):
                 plan = self.plan.roles[role]
@@ -173,9 +177,13 @@ class Deployment:
                     del pending[role]
                     continue
                 last[role] = f"HTTP {status}: {body[:200]}" if status else body
-                if not self.transports[role].group_alive(self.started[role]):
+                if self.transports[role].group_alive(self.started[role]):
+                    gone_once.discard(role)
+                elif role in gone_once:
                     reason = f"exited before becoming healthy ({plan.health_url}: {last[role]})"
                     raise DeployError(role, reason, self.log_tail(role))
+                else:
+                    gone_once.add(role)
                 if time.monotonic() - t0 > plan.startup_timeout_s:
                     raise DeployError(
                         role,
