@@ -339,7 +339,8 @@ class BenchConf:
 class TrackingConf:
     # any MLflow tracking URI; default: a sqlite file in the working directory
     uri: str = "sqlite:///mlruns.db"
-    # where artifacts go for a new experiment (null: MLflow's default next to the store)
+    # where artifacts go for a new experiment (null: mlruns/ beside a sqlite store's file, else the
+    # server's default)
     artifact_location: str | None = None
 
 

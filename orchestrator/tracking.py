@@ -95,6 +95,19 @@ def make_client(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
+def artifact_location_for(tracking: TrackingConf) -> str | None:
+    """Where a new experiment keeps its artifacts: `tracking.artifact_location`, else, for a sqlite file,
+    `mlruns/` beside that file (None: the server's or MLflow's own default). MLflow's own default is
+    `./mlruns` under whatever directory the process runs in: a study resumed from another directory, or
+    a test whose store is under its tmp_path, would spread one store's artifacts over several places."""
+    if tracking.artifact_location:
+        return tracking.artifact_location
+    path = tracking.uri.removeprefix("sqlite:///") if tracking.uri.startswith("sqlite:///") else ""
+    if not path or path.startswith(":memory:"):
+        return None
+    return str(Path(path).absolute().parent / "mlruns")
+
+
 def ensure_experiment(
     client: MlflowClient, name: str, artifact_location: str | None = None, factors: Iterable[str] = ()
 ) -> str:
@@ -269,7 +282,7 @@ def start_study_run(
     measurement conditions (plan.measurement_conditions), which pick today's arms in the report;
     `resume`: the sweep continues earlier ones (their FINISHED runs of the planned jobs count)."""
     client = make_client(tracking.uri)
-    exp_id = ensure_experiment(client, study.name, tracking.artifact_location, view_factors(study))
+    exp_id = ensure_experiment(client, study.name, artifact_location_for(tracking), view_factors(study))
     tags = {
         KIND: "study",
         "study": study.name,
@@ -397,7 +410,7 @@ class ArmTracker:
     ) -> ArmTracker:
         client = make_client(tracking.uri)
         factors = view_factors(study, plan.factors)
-        exp_id = ensure_experiment(client, study.name, tracking.artifact_location, factors)
+        exp_id = ensure_experiment(client, study.name, artifact_location_for(tracking), factors)
         label = arm_label(plan.factors, study.baseline)
         tags = {
             KIND: "arm",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from orchestrator.tracking import (
     PARENT_FILE,
     VIEW_TAG,
     ArmTracker,
+    artifact_location_for,
     finished_runs,
     load_study,
     parent_run_id,
@@ -159,6 +161,27 @@ def test_child_runs_share_param_keys_and_carry_arm_tags(cfg_for, tmp_path):
     assert "params.`factor.multi_stream`" in view["selectedColumns"]
     assert "metrics.`arm.rate`" in view["selectedColumns"]
     assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "arm"}]
+
+
+def test_artifacts_go_beside_the_sqlite_store_whatever_the_working_directory(
+    compose_cfg, tmp_path, monkeypatch
+):
+    """MLflow's own default put them in ./mlruns of the process's directory (this suite filled the
+    repository's checkout with them); an explicit tracking.artifact_location still wins."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    job, plan = job_and_plan(compose_cfg(f"hydra.sweep.dir={tmp_path}/sweep"))  # no artifact_location
+    with ArmTracker.start(job.tracking, job.study, plan, 0, None) as tracker:
+        note = tmp_path / "note.txt"
+        note.write_text("kept")
+        tracker.log_artifact(note)
+    experiment = MlflowClient(job.tracking.uri).get_experiment_by_name(job.study.name)
+    assert experiment.artifact_location == str(tmp_path / "mlruns")
+    assert list((tmp_path / "mlruns").rglob("note.txt")) and not (elsewhere / "mlruns").exists()
+    chosen = dataclasses.replace(job.tracking, artifact_location=str(tmp_path / "chosen"))
+    assert artifact_location_for(chosen) == str(tmp_path / "chosen")
+    assert artifact_location_for(dataclasses.replace(job.tracking, uri="http://127.0.0.1:5000")) is None
 
 
 def test_failed_and_killed_statuses(cfg_for):
