@@ -30,6 +30,9 @@ from orchestrator.results import StressSummary
 from orchestrator.tracking import NOTE_TAG, ArmTracker, arms_view_url, end_study_run, start_study_run
 from tests.conftest import free_port, job_and_plan, local_cluster_overrides, seed_mlflow_store
 
+# one worker runs the module (--dist loadgroup): one MLflow server and one Chromium for its tests
+pytestmark = pytest.mark.xdist_group("mlflow_ui")
+
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "mlflow-compare.png"
 VIEWPORT = {"width": 1280, "height": 800}

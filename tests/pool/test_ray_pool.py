@@ -34,7 +34,8 @@ from tests.test_study import finish, kill_if_running, no_servers_left
 pytest.importorskip("ray")
 pytest.importorskip("hydra_plugins.hydra_ray_launcher")
 
-pytestmark = pytest.mark.slow
+# one worker runs them all (--dist loadgroup): one Ray head for the module, not one per worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 ROLES = ("prefill", "decode", "router")
 

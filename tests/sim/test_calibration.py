@@ -137,10 +137,13 @@ def test_fixed_arm_throughput_curve_matches_the_calibration(cluster):
     c.start_all(FIXED)
     targets = {c_: tok / scale for c_, tok in {1: 53, 8: 280, 32: 561, 64: 657}.items()}
     for concurrency, target in targets.items():
+        # at C=1 the decode idles between requests (the next one passes router, prefill and hand-off
+        # first): longer replies there keep that gap, which a loaded machine stretches, within the 5% below
+        output_len = 256 if concurrency == 1 else 64
         before = sim_counters(c.procs["decode"].url)
-        level = asyncio.run(bench_level(c.router_url, concurrency, 2 * concurrency, output_len=64))
+        level = asyncio.run(bench_level(c.router_url, concurrency, 2 * concurrency, output_len=output_len))
         after = sim_counters(c.procs["decode"].url)
-        assert level.errors == 0 and level.output_tokens == 2 * concurrency * 64
+        assert level.errors == 0 and level.output_tokens == 2 * concurrency * output_len
         assert level.tok_s == pytest.approx(target, rel=0.10), (concurrency, level)
         # the client's count agrees with the sim's own account of its work
         generated = after["tokens_generated"] - before["tokens_generated"]
