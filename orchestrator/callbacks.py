@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,41 @@ def recorded_overrides(config: DictConfig) -> list[str]:
     return [redact_text(o, secrets) for o in launcher + task]
 
 
+# The study callback of this process's sweep, whose parent run opens once the sweep is accepted
+# (`open_parent_run`): the sweeper opens it after its first batch passed every check, so a refused command
+# line opens no run (and, for a new study name, creates no experiment), and is refused without importing
+# MLflow at all.
+_CURRENT: list[StudyCallback] = []
+
+
+def open_parent_run() -> str | None:
+    """Open the sweep's parent run if the study callback has not yet (the sweeper, once the sweep is
+    accepted); its id (None without a study callback)."""
+    return _CURRENT[-1].run_id if _CURRENT else None
+
+
+def opened_parent_run() -> str | None:
+    """The sweep's parent run if it was opened (None: not yet, or no study callback)."""
+    return _CURRENT[-1]._run_id if _CURRENT else None
+
+
 class StudyCallback(Callback):
     """Hydra callback: the parent MLflow run of a multirun, and the report at its end."""
 
     def __init__(self, **_: Any) -> None:
-        self.run_id: str | None = None
+        self._run_id: str | None = None
+        self._open: Callable[[], str] | None = None
         self.study_name: str | None = None
         self._uri: str | None = None
         self._saved_env: str | None = None
         self._ended = False
+
+    @property
+    def run_id(self) -> str | None:
+        """The parent run's id, opened now if the sweep has not opened it yet."""
+        if self._run_id is None and self._open is not None:
+            self._run_id = self._open()
+        return self._run_id
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from orchestrator.checks import check_local_side
@@ -89,24 +116,28 @@ class StudyCallback(Callback):
         study, adhoc = sweep_study(config)
         tracking_conf = OmegaConf.to_object(config.tracking)
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        self.run_id = _tracking().start_study_run(
-            tracking_conf,
-            study,
-            sweep_dir,
-            sweep_design(config, adhoc),
-            recorded_overrides(config),
-            conditions=measurement_conditions(OmegaConf.to_object(config.workload)),
-            resume=bool(config.get("resume")),
-        )
+        design = sweep_design(config, adhoc)
+        overrides = recorded_overrides(config)
+        conditions = measurement_conditions(OmegaConf.to_object(config.workload))
+        resume = bool(config.get("resume"))
+
+        def open_run() -> str:
+            run_id = _tracking().start_study_run(
+                tracking_conf, study, sweep_dir, design, overrides, conditions=conditions, resume=resume
+            )
+            self._saved_env = os.environ.get(_tracking().PARENT_ENV)
+            os.environ[_tracking().PARENT_ENV] = run_id
+            atexit.register(self._abandoned)
+            log.info("MLflow: study %s, parent run %s (%s)", study.name, run_id, uri)
+            return run_id
+
         self.study_name = study.name
-        self._uri, self._ended = uri, False
-        self._saved_env = os.environ.get(_tracking().PARENT_ENV)
-        os.environ[_tracking().PARENT_ENV] = self.run_id
-        atexit.register(self._abandoned)
-        log.info("MLflow: study %s, parent run %s (%s)", study.name, self.run_id, uri)
+        self._uri, self._ended, self._run_id, self._open = uri, False, None, open_run
+        _CURRENT[:] = [self]  # one sweep per process
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.run_id is None or self._uri is None:
+        self._stop_waiting()
+        if self._run_id is None or self._uri is None:
             return
         paths: list[Path] = []
         failure = headline = None
@@ -125,7 +156,7 @@ class StudyCallback(Callback):
             log.exception("the report could not be built")
             failure = f"report: {type(e).__name__}: {e}"
         finally:
-            _tracking().end_study_run(self._uri, self.run_id, paths, failure, headline)
+            _tracking().end_study_run(self._uri, self._run_id, paths, failure, headline)
             self._ended = True
             self._restore_env()
             atexit.unregister(self._abandoned)
@@ -136,14 +167,17 @@ class StudyCallback(Callback):
         else:
             os.environ[_tracking().PARENT_ENV] = self._saved_env
 
+    def _stop_waiting(self) -> None:
+        self._open = None
+
     def _abandoned(self) -> None:
         """At exit without on_multirun_end (the sweep raised or was interrupted): end the parent KILLED."""
-        if self._ended or self.run_id is None or self._uri is None:
+        if self._ended or self._run_id is None or self._uri is None:
             return
         try:
-            _tracking().end_run_abandoned(self._uri, self.run_id)
+            _tracking().end_run_abandoned(self._uri, self._run_id)
         except Exception:
-            log.exception("could not mark parent run %s KILLED", self.run_id)
+            log.exception("could not mark parent run %s KILLED", self._run_id)
         self._ended = True
 
 

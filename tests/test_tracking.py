@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.callbacks import StudyCallback
+from orchestrator.callbacks import StudyCallback, open_parent_run
 from orchestrator.config import load_job
 from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 from orchestrator.tracking import (
@@ -321,6 +321,10 @@ def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
     callback.on_multirun_start(cfg)
     try:
         sweep_file = Path(str(cfg.hydra.sweep.dir)) / PARENT_FILE
+        # nothing is opened before the sweeper accepts the sweep (a refused one leaves no run behind)
+        assert not sweep_file.exists() and PARENT_ENV not in __import__("os").environ
+        opened = open_parent_run()  # what the sweeper does once its first batch passed every check
+        assert opened == callback.run_id and open_parent_run() == opened  # once
         assert sweep_file.read_text().strip() == callback.run_id
         assert _parent(cfg) == callback.run_id  # from the env var
         monkeypatch.delenv(PARENT_ENV)

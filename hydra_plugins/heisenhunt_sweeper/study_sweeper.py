@@ -282,8 +282,6 @@ class StudySweeper(BasicSweeper):
                 planned.append((job_name, found[0]))
                 on_members += [(job_name, plan) for plan in found]
             problems += [f"{p}{JOB_SEP}{job_name}" for p in repetition_problems(overrides)]
-        if not problems and not dry_run:
-            self._record_planned(planned, batch)
         if not problems and dry_run:
             from orchestrator.dryrun import arm_listing
 
@@ -295,6 +293,12 @@ class StudySweeper(BasicSweeper):
             error = ConfigError(collapse(problems, len(batch)))
             self._end_parent_refused(planned, str(error))
             raise error
+        # accepted: the study callback's parent run opens now (a refused sweep opens none), and keeps
+        # what this batch plans
+        from orchestrator.callbacks import open_parent_run
+
+        open_parent_run()
+        self._record_planned(planned, batch)
 
     def _record_planned(self, planned, batch) -> None:
         """The parent run keeps every (signature, repetition) the sweep plans: a resumed sweep's report
@@ -313,15 +317,16 @@ class StudySweeper(BasicSweeper):
         record_planned(str(self.config.tracking.uri), run_id, self._planned)
 
     def _end_parent_refused(self, planned, reason: str) -> None:
-        """The sweep's parent run (if the study callback opened one) ends FAILED with the reason."""
-        import os
+        """The sweep's parent run, if an earlier batch opened it (a later round of a sequential or ddmin
+        study), ends FAILED with the reason; a sweep refused at its first batch opened none."""
+        from orchestrator.callbacks import opened_parent_run
 
-        from orchestrator.redact import redact_text
-        from orchestrator.tracking import PARENT_ENV, end_run_refused
-
-        run_id = os.environ.get(PARENT_ENV)
+        run_id = opened_parent_run()
         if not run_id:
             return
+        from orchestrator.redact import redact_text
+        from orchestrator.tracking import end_run_refused  # MLflow: only where a run is to be ended
+
         secrets = {name: value for _, plan in planned for name, value in plan.secrets.items()}
         assert self.config is not None
         end_run_refused(str(self.config.tracking.uri), run_id, redact_text(reason, secrets))
