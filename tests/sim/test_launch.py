@@ -64,6 +64,23 @@ def test_router_launch_wires_prefill_bootstrap_and_decode():
     assert launch.url == "http://127.0.0.1:8200"
 
 
+def test_the_router_module_reads_its_arguments_as_the_sglang_router_launcher_does():
+    """orchestrator.sim.router starts the same Rust router without the launcher's mini-LB import: the
+    same argv gives the same RouterArgs, and the Python debugging balancer is refused, not started."""
+    from sglang_router.launch_router import parse_router_args as launcher_parse
+
+    from orchestrator.sim import router
+
+    launch = router_launch(
+        8000, prefill_url="http://127.0.0.1:8101", bootstrap_port=8998, decode_url="http://127.0.0.1:8102",
+        metrics_port=29001, flags=["--policy", "round_robin"],
+    )  # fmt: skip
+    flags = launch.argv[launch.argv.index(router.__name__) + 1 :]
+    assert router.parse_router_args(flags) == launcher_parse(flags)
+    with pytest.raises(SystemExit, match="mini-lb"):
+        router.main([*flags, "--mini-lb"])
+
+
 def test_wait_healthy_names_a_server_that_exited_with_its_log(tmp_path: Path):
     transport = LocalTransport()
     launch = server_launch(free_port(), flags=["--no-such-flag"])
