@@ -49,7 +49,7 @@ def free_port() -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end runs first: with two workers, a long run left to the end would run alone."""
+    """The end-to-end runs first: a long run left to the end would run alone while the other workers idle."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
