@@ -136,7 +136,7 @@ class StudyCallback(Callback):
         _CURRENT[:] = [self]  # one sweep per process
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        self._stop_waiting()
+        self._open = None  # a sweep that ends unopened (nothing accepted) opens nothing now
         if self._run_id is None or self._uri is None:
             return
         paths: list[Path] = []
@@ -166,9 +166,6 @@ class StudyCallback(Callback):
             os.environ.pop(_tracking().PARENT_ENV, None)
         else:
             os.environ[_tracking().PARENT_ENV] = self._saved_env
-
-    def _stop_waiting(self) -> None:
-        self._open = None
 
     def _abandoned(self) -> None:
         """At exit without on_multirun_end (the sweep raised or was interrupted): end the parent KILLED."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from orchestrator.config import ConfigError
+from orchestrator.schema import TrackingConf
 
 
 def check_writable_dir(path: str | Path, key: str) -> None:
@@ -36,8 +37,7 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
     parsed = urlparse(uri)
     scheme = parsed.scheme
     if scheme == "sqlite":
-        # sqlite:///relative.db or sqlite:////absolute.db
-        db_path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
+        db_path = TrackingConf(uri=uri).sqlite_file
         if not db_path:
             raise ConfigError(
                 [f"tracking.uri: {uri!r} names no database file; accepted: sqlite:///path/to/file.db"]

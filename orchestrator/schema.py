@@ -343,6 +343,12 @@ class TrackingConf:
     # server's default)
     artifact_location: str | None = None
 
+    @property
+    def sqlite_file(self) -> str:
+        """The database file of a sqlite `uri` ('' for any other store): `sqlite:///relative.db` or
+        `sqlite:////absolute.db`."""
+        return self.uri.removeprefix("sqlite:///") if self.uri.startswith("sqlite:///") else ""
+
 
 @dataclass
 class ReportConf:

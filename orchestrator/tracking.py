@@ -102,7 +102,7 @@ def artifact_location_for(tracking: TrackingConf) -> str | None:
     a test whose store is under its tmp_path, would spread one store's artifacts over several places."""
     if tracking.artifact_location:
         return tracking.artifact_location
-    path = tracking.uri.removeprefix("sqlite:///") if tracking.uri.startswith("sqlite:///") else ""
+    path = tracking.sqlite_file
     if not path or path.startswith(":memory:"):
         return None
     return str(Path(path).absolute().parent / "mlruns")
