@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import functools
 import os
 import random
 import shutil
 import socket
 import tempfile
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,8 +53,63 @@ def free_port() -> int:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end runs first: a long run left to the end would run alone while the other workers idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The end-to-end runs first: a long run left to the end would run alone while the other workers idle.
+    The `alone` tests last: each waits for the tests running beside it to end, which at the end of the run
+    are short ones."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("alone") is not None,
+            item.get_closest_marker("slow") is None,
+        )
+    )
+
+
+@contextlib.contextmanager
+def machine_share(lock_dir: Path, alone: bool, patience_s: float = 120.0) -> Iterator[None]:
+    """A readers-writer lock over the pytest-xdist workers of one run (flock on two files in `lock_dir`):
+    any number of tests share the machine; an `alone` test waits until none runs, and none starts until
+    it ends. Every test passes the gate; an `alone` one keeps it closed while it waits and runs, so the
+    tests that keep starting on the other workers cannot hold it off for ever. An `alone` test that has
+    waited `patience_s` runs anyway, with a warning: a process a test forked and left running holds that
+    test's share (flock is per open file, and a fork shares it) for as long as it lives."""
+    with open(lock_dir / "gate.lock", "a") as gate, open(lock_dir / "machine.lock", "a") as machine:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if alone:
+            deadline = time.monotonic() + patience_s
+            while not _try_flock(machine, fcntl.LOCK_EX):
+                if time.monotonic() > deadline:
+                    message = f"ran beside other tests: {lock_dir} stayed shared {patience_s} s"
+                    warnings.warn(message, stacklevel=3)
+                    break
+                time.sleep(0.05)
+        else:
+            fcntl.flock(machine, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the files releases both locks
+
+
+def _try_flock(file, operation: int) -> bool:
+    try:
+        fcntl.flock(file, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _share_the_machine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, an `alone` test runs with no other test beside it (`machine_share`). Autouse
+    and function-scoped: set up before, and torn down after, the test's own servers."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    # the workers' base temp dirs share one parent, made for this run
+    with machine_share(
+        tmp_path_factory.getbasetemp().parent, request.node.get_closest_marker("alone") is not None
+    ):
+        yield
 
 
 @functools.cache

@@ -20,9 +20,6 @@ from orchestrator.rehearse import from_config
 from orchestrator.workload.stress import StressSettings, run_stress_sync
 
 SESSIONS, ROUNDS = 60, 4
-# one worker runs the calibration bands and the CPU-hog test one after the other (--dist loadgroup): the
-# hogs take the whole machine, and a band measured beside them lands outside its range
-pytestmark = pytest.mark.xdist_group("host_load")
 
 
 def corruption_rates(c, reps: int) -> list[float]:

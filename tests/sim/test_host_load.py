@@ -28,9 +28,6 @@ from orchestrator.workload.stress import StressSettings, run_stress_sync
 from tests.conftest import free_port
 
 SESSIONS, ROUNDS, REPS = 60, 4, 5
-# one worker runs the calibration bands and the CPU-hog test one after the other (--dist loadgroup): the
-# hogs take the whole machine, and a band measured beside them lands outside its range
-pytestmark = pytest.mark.xdist_group("host_load")
 ICC = 0.005  # the built-in model's restart_icc
 # two busy loops per CPU: the client, router and servers get about a third of the machine
 HOGS_PER_CPU = 2
@@ -90,18 +87,22 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return m, math.sqrt(var / len(values))
 
 
+# `alone`: the hogs take the whole machine, which a test beside them would feel (a calibration band
+# measured beside them landed outside its range); and the hogs plus the tests of two other workers
+# starved the client far more than this test's own hogs do (the hogged load fell 5.5 below the idle one)
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_busy_host_changes_neither_the_load_reached_nor_the_rate(cluster, tmp_path: Path):
     c = cluster(time_scale=0.05)
     runs: dict[str, list[dict[str, float]]] = {"idle": [], "hogged": []}
-    for rep in range(REPS):  # interleaved, so whatever else the machine does weighs on both alike
+    for rep in range(REPS):  # interleaved, so whatever else the host does weighs on both alike
         runs["idle"].append(one_run(c, tmp_path / f"idle{rep}", seed=4000 + rep))
         with cpu_hogs():
             runs["hogged"].append(one_run(c, tmp_path / f"hog{rep}", seed=5000 + rep))
     summary = {k: {f: [r[f] for r in v] for f in v[0]} for k, v in runs.items()}
     idle, hogged = runs["idle"], runs["hogged"]
-    # (alone on a 2-core host the hogs slow a run by a third or more; beside another test of the suite
-    # the runs they do not hog are slowed too, so the durations are only shown, in the messages)
+    # (the durations are only shown, in the messages: a run of 60 sessions takes 1-1.5 s, and how much
+    # the hogs add to that varies from run to run more than it differs between idle and hogged)
 
     # the load the planned turns joined, and the load /metrics reported: equal within sampling error (or
     # within 5%); the load model before issue 17 lost 15-20% of it to the hogs (e.g. 54 -> 46 of 60)
