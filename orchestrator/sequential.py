@@ -90,7 +90,7 @@ ICC_STEP = 1e-3
 # the prior of "under" and "reduction" puts half its weight on the treatment's rate being ~0 (the
 # alternative that matters most: the change removed the bug), the other half spread as above
 GONE = 1e-6
-GRIDS = {"mix": MIX_GRID, "fine": FINE_GRID}
+GRIDS = {"mix": MIX_GRID, "fine": FINE_GRID, "point": np.array([1.0])}  # ("point", p, 0): the rate p
 Runs = Sequence[Sequence[int]]  # [[corrupted, sessions], ...] per run
 
 
@@ -223,8 +223,8 @@ def _evidence(
     lt_f = run_loglik(treat_runs, "fine", icc)
     t_max, t_hat = float(lt_f.max()), float(FINE_GRID[lt_f.argmax()])
     lt_m = run_loglik(treat_runs, "mix", icc)
-    lt_c = float(run_loglik(treat_runs, np.array([ceiling]), icc)[0])
-    lt_0 = run_loglik(treat_runs, np.array([GONE]), icc)
+    lt_c = float(run_loglik(treat_runs, ("point", ceiling, 0.0), icc)[0])
+    lt_0 = run_loglik(treat_runs, ("point", GONE, 0.0), icc)
     under = _mix(lt_m, ceiling > MIX_GRID, lt_0) - (t_max if t_hat >= ceiling else lt_c)
     over = _mix(lt_m, ceiling < MIX_GRID) - (t_max if t_hat <= ceiling else lt_c)
     if not base_runs:
@@ -256,9 +256,17 @@ def _evidence(
     return Evidence(*(max(LOG_E_FLOOR, x) for x in (reduction, increase, equivalence, under, over)))
 
 
-def _log_mean_exp(logs: Sequence[float]) -> float:
-    top = max(logs)
-    return top + math.log(sum(math.exp(x - top) for x in logs) / len(logs))
+def _prefix_log_mean_exps(logs: Sequence[float]) -> list[float]:
+    """log(mean(exp(logs[:k]))) for k = 1..len(logs), in one pass (a running log-sum-exp, rescaled to
+    the largest value so far, so no term under- or overflows)."""
+    out, top, scaled = [], -math.inf, 0.0
+    for k, x in enumerate(logs, start=1):
+        if x > top:
+            scaled, top = scaled * math.exp(top - x) + 1.0, x
+        else:
+            scaled += math.exp(x - top)
+        out.append(top + math.log(scaled / k))
+    return out
 
 
 def closed(evidences: Mapping[str, Evidence]) -> dict[str, Evidence]:
@@ -272,7 +280,8 @@ def closed(evidences: Mapping[str, Evidence]) -> dict[str, Evidence]:
         values = {h: float(getattr(ev, claim)) for h, ev in evidences.items()}
         for h, own in values.items():
             others = sorted(v for k, v in values.items() if k != h)
-            out[h][claim] = min(_log_mean_exp([own, *others[:k]]) for k in range(len(others) + 1))
+            # the sets containing h whose mean is smallest: h with its k weakest companions, each k
+            out[h][claim] = min(_prefix_log_mean_exps([own, *others]))
     return {h: Evidence(**values) for h, values in out.items()}
 
 

@@ -175,3 +175,21 @@ def test_the_rehearsal_judges_as_the_report_does():
             h["id"]: h["verdict"] for h in fast["hypotheses"]
         }
         assert sum(a["n"] for a in report["arms"]) == sum(a["n"] for a in fast["arms"])
+
+
+def test_the_closed_testing_means_are_every_prefix_s_log_mean_exp_without_overflow():
+    """`closed` takes, per hypothesis, the smallest mean over its weakest companions, from one running
+    log-sum-exp: each prefix's value is log(mean(exp(prefix))), also where exp() of a value overflows."""
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        logs = list(rng.choice([-50.0, 0.0, 3.0], size=rng.integers(1, 8)) + rng.uniform(-5, 5, 1))
+        got = sequential._prefix_log_mean_exps(logs)
+        want = [float(np.log(np.mean(np.exp(np.array(logs[:k]))))) for k in range(1, len(logs) + 1)]
+        assert np.allclose(got, want, rtol=0, atol=1e-9), (logs, got, want)
+    assert sequential._prefix_log_mean_exps([800.0, 1000.0]) == pytest.approx([800.0, 1000.0 - math.log(2)])
+    # e-Holm: a lone strong hypothesis is pulled down by the weak ones, to the mean with all of them
+    closed = sequential.closed(
+        {"a": sequential.Evidence(reduction=10.0), "b": sequential.Evidence(), "c": sequential.Evidence()}
+    )
+    assert closed["a"].reduction == pytest.approx(math.log((math.exp(10.0) + 2) / 3), abs=1e-4)
+    assert closed["b"].reduction == pytest.approx(0.0, abs=1e-4)
