@@ -128,20 +128,14 @@ def _grid_loglik(k: int, n: int, key: GridKey, icc: float) -> np.ndarray:
     return _run_loglik(k, n, grid(key), icc)
 
 
-def run_loglik(runs: Runs, p: np.ndarray | GridKey, icc: float) -> np.ndarray:
-    """Log-likelihood of an arm's runs at each mean rate in `p` (an array, or a grid's key): beta-binomial
-    with ICC `icc` per run (binomial at 0), without the binomial coefficients (they cancel in every
-    ratio here). Rates outside (0, 1) get -inf."""
+def run_loglik(runs: Runs, key: GridKey, icc: float) -> np.ndarray:
+    """Log-likelihood of an arm's runs at each mean rate of the grid `key` (a one-point grid for a single
+    rate): beta-binomial with ICC `icc` per run (binomial at 0), without the binomial coefficients (they
+    cancel in every ratio here). Rates outside (0, 1) get -inf."""
     icc = round_icc(icc)
-    if isinstance(p, (str, tuple)):
-        total = np.zeros(len(grid(p)))
-        for k, n in runs:
-            total = total + _grid_loglik(int(k), int(n), p, icc)
-        return total
-    p = np.asarray(p, dtype=float)
-    total = np.zeros_like(p)
+    total = np.zeros(len(grid(key)))
     for k, n in runs:
-        total = total + _run_loglik(int(k), int(n), p, icc)
+        total = total + _grid_loglik(int(k), int(n), key, icc)
     return total
 
 
