@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -322,7 +323,7 @@ def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
     try:
         sweep_file = Path(str(cfg.hydra.sweep.dir)) / PARENT_FILE
         # nothing is opened before the sweeper accepts the sweep (a refused one leaves no run behind)
-        assert not sweep_file.exists() and PARENT_ENV not in __import__("os").environ
+        assert not sweep_file.exists() and PARENT_ENV not in os.environ
         opened = open_parent_run()  # what the sweeper does once its first batch passed every check
         assert opened == callback.run_id and open_parent_run() == opened  # once
         assert sweep_file.read_text().strip() == callback.run_id
@@ -341,7 +342,7 @@ def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):
         callback._abandoned()  # what the exit hook does when a sweep dies before on_multirun_end
         callback._restore_env()
     assert client_for(cfg).get_run(callback.run_id).info.status == "KILLED"
-    assert PARENT_ENV not in __import__("os").environ
+    assert PARENT_ENV not in os.environ
     # no sweep, no env, no explicit id: a job run on its own has no parent
     cfg.hydra.sweep.dir = "/nonexistent/sweep"
     assert _parent(cfg) is None
