@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import signal
 from collections.abc import Callable, Iterator, Mapping
@@ -22,11 +23,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
-from orchestrator.deploy import DeployError, Deployment
+from orchestrator.deploy import DeployError, Deployment, http_get
 from orchestrator.lease import Holder, LeaseHeld, cluster_leases, held
 from orchestrator.observe import parse_decode_log
 from orchestrator.plan import ArmPlan, arm_label, plan_arm
-from orchestrator.preflight import PreflightError, check_arm_on_hosts, gpu_memory_used, host_provenance
+from orchestrator.preflight import (
+    Expected,
+    PreflightError,
+    check_arm_on_hosts,
+    confirm_server_args,
+    gpu_memory_used,
+    host_provenance,
+)
 from orchestrator.redact import redact_text
 from orchestrator.remote import close_all
 from orchestrator.remote.base import Transport
@@ -288,7 +296,7 @@ def run_arm(
     with guard.installed(), tracker, contextlib.ExitStack() as teardown:
         teardown.callback(close_all, transports)
         try:
-            host_checks(plan, transports, tracker)
+            expected = host_checks(plan, transports, tracker)
         except PreflightError as e:
             # bad input the hosts caught: nothing was stopped or restarted; the run says why, the sweep stops
             tracker.fail(str(e))
@@ -310,6 +318,7 @@ def run_arm(
         try:
             deployment.co_restart()
             tracker.log_startup(deployment.startup_s)
+            confirm_running_args(plan, expected, tracker)
             workload.measure(plan, deployment, tracker, out_dir)
         except DeployError as e:
             log.error("arm %s failed: %s", start.label, e)
@@ -329,14 +338,61 @@ def run_arm(
     }
 
 
-def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tracker) -> None:
+def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tracker) -> Expected:
     """The hosts check the arm (again: a host may have changed since the sweep began) and say what
-    they run, before anything is restarted."""
-    check_arm_on_hosts(plan, transports)
+    they run, before anything is restarted. Returns what each factor-set flag must read on the running
+    servers (`confirm_running_args`)."""
+    expected = check_arm_on_hosts(plan, transports)
     for role in SERVER_ROLES:
         host = plan.roles[role].host
         info = host_provenance(transports[role], host.python, host.server_checkout)
         tracker.log_provenance(role, dataclasses.asdict(info))
+    return expected
+
+
+def server_info(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """A server's own view of its arguments: `/server_info`, else the deprecated `/get_server_info`
+    (older sglang); None where neither answers with a JSON object."""
+    for path in ("/server_info", "/get_server_info"):
+        status, body = http_get(base_url + path, timeout=timeout_s, limit=8 << 20)
+        if status == 200:
+            try:
+                info = json.loads(body)
+            except json.JSONDecodeError:
+                return None
+            return info if isinstance(info, dict) else None
+    return None
+
+
+def confirm_running_args(
+    plan: ArmPlan,
+    expected: Expected,
+    tracker: Tracker,
+    fetch: Callable[[str], dict[str, Any] | None] = server_info,
+) -> None:
+    """After start-up, each server says which arguments are in effect; a flag a factor set that the
+    server did not take fails the arm (DeployError), since the arm would not test what it is labelled
+    with. What could not be confirmed is logged and recorded (`provenance.<role>.args_unconfirmed`)."""
+    infos = {
+        role: fetch(f"http://{plan.roles[role].host.url_host}:{plan.roles[role].host.port}")
+        for role, flags in expected.items()
+        if flags
+    }
+    problems, notes = confirm_server_args(plan, expected, infos)
+    for role, flags in expected.items():
+        if flags:
+            unconfirmed = [n for n in notes if n.startswith(f"{role}: ")]
+            tracker.log_provenance(
+                role,
+                {
+                    "args_checked": ",".join(flags),
+                    "args_unconfirmed": "; ".join(unconfirmed),
+                },
+            )
+    for note in notes:
+        log.warning("server arguments: %s", note)
+    if problems:
+        raise DeployError("server arguments", "; ".join(problems))
 
 
 def _teardown(guard: InterruptGuard, deployment: Deployment, out_dir: Path, tracker: Tracker) -> None:

@@ -106,8 +106,8 @@ class StudyCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from orchestrator.checks import check_local_side
 
-        if config.get("dry_run"):
-            return  # a dry run opens no run: it only prints the arms
+        if config.get("dry_run") or config.get("preflight_only"):
+            return  # a dry run or a preflight opens no run: it only prints or checks the arms
         uri = str(config.tracking.uri)
         try:
             check_local_side(uri, str(config.report.dir))

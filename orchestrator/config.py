@@ -330,7 +330,7 @@ def typed_level(name: str, option: str, source: str, node: Any) -> tuple[Selecte
         value = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FactorLevel), node))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
-        accepted = "level, description, roles.<role>.env/flags"
+        accepted = "level, description, roles.<role>.env/flags, read_by"
         return None, [f"{where}: {key}: {getattr(e, 'msg', e)}; accepted keys: {accepted}"]
     assert isinstance(value, FactorLevel)
     problems = []
@@ -346,6 +346,12 @@ def typed_level(name: str, option: str, source: str, node: Any) -> tuple[Selecte
         delta = getattr(value.roles, role)
         key = f"factor.{name} (level {option}).roles.{role}"
         problems += validate_env(key, delta.env) + validate_flags(key, delta.flags)
+    set_here = {env for role in roles for env in getattr(value.roles, role).env}
+    for env in sorted(set(value.read_by) - set_here):
+        problems.append(
+            f"{where}: read_by.{env}: this level sets no {env}; accepted: the env vars it sets "
+            f"({sorted(set_here)})"
+        )
     return SelectedLevel(factor=name, option=option, source=source, value=value), problems
 
 

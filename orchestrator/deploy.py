@@ -269,13 +269,13 @@ class Deployment:
 # --- tiny HTTP helpers for gating (the workload has its own async client) -------------------------------
 
 
-def http_get(url: str, timeout: float) -> tuple[int, str]:
-    """(status, body); status 0 and the error text when nothing answered."""
+def http_get(url: str, timeout: float, limit: int = 2048) -> tuple[int, str]:
+    """(status, the body's first `limit` bytes); status 0 and the error text when nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read(2048).decode(errors="replace")
+            return response.status, response.read(limit).decode(errors="replace")
     except urllib.error.HTTPError as e:
-        return e.code, e.read(2048).decode(errors="replace")
+        return e.code, e.read(limit).decode(errors="replace")
     except (urllib.error.URLError, OSError) as e:
         return 0, str(getattr(e, "reason", e))
 

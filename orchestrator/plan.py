@@ -51,6 +51,7 @@ class RolePlan:
     startup_timeout_s: float = 600.0
     flag_parser: str | None = None
     preflight_module: str | None = None
+    env_registry: str | None = None
     # "env NAME" / "flag --name" -> deployment | cluster | factor.<name>=<level>
     origin: dict[str, str] = field(default_factory=dict)
 
@@ -78,6 +79,13 @@ class ArmPlan:
     warmup: bool = True
     workload: StressConf = field(default_factory=StressConf)
     bench: BenchConf = field(default_factory=BenchConf)
+    deployment: str = ""
+    # the sglang versions the deployment is written for (deployment.sglang_version)
+    sglang_version: str | None = None
+    # origin ("factor.index_k=bf16") -> the file it came from, for messages
+    sources: dict[str, str] = field(default_factory=dict)
+    # engine env var -> which builds read it, as the factor level that sets it says (FactorLevel.read_by)
+    env_read_by: dict[str, str] = field(default_factory=dict)
 
     @property
     def secrets(self) -> dict[str, str]:
@@ -295,6 +303,7 @@ def plan_arm(job: JobConf) -> ArmPlan:
             startup_timeout_s=float(launch.startup_timeout_s),
             flag_parser=launch.flag_parser,
             preflight_module=launch.preflight_module,
+            env_registry=launch.env_registry,
             origin=origin,
         )
     return ArmPlan(
@@ -308,4 +317,8 @@ def plan_arm(job: JobConf) -> ArmPlan:
         warmup=bool(deployment.warmup),
         workload=job.workload,
         bench=job.bench,
+        deployment=deployment.name,
+        sglang_version=deployment.sglang_version,
+        sources={factor_origin(sel): sel.source for sel in job.factors.values()},
+        env_read_by={name: note for sel in job.factors.values() for name, note in sel.value.read_by.items()},
     )

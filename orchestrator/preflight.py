@@ -1,26 +1,41 @@
 """Preflight checks and provenance, per host, through its Transport (local or SSH).
 
-Before a restart the deployment asks each host: which sglang is installed, which commit (and is it
-clean) is the server checkout, how much GPU memory is in use (again after teardown, to show the GPUs
-were freed), and do the role's flags parse with *that host's* sglang (flags move between versions:
-0.5.23 refuses `--cuda-graph-max-bs` as an ambiguous prefix of `--cuda-graph-max-bs-decode` and
-`--cuda-graph-max-bs-prefill`). Hosts without sglang (the simulated ones) or without nvidia-smi are
-skipped with a note, never failed.
+Before anything is restarted, each server host says what *its* engine makes of the arm, through one
+start of its own python (orchestrator/engine_probe.py), for every arm of a sweep at once:
+- every flag through the installed parser (sglang's `ServerArgs`, or a deployment's `flag_parser`): an
+  unknown, ambiguous (0.5.23 refuses `--cuda-graph-max-bs`), abbreviated or invalid flag, or an unknown
+  tool-call or reasoning parser name, is refused naming the flag and the config key that set it;
+- every engine env var (`SGLANG_*`, `SGL_*`) the deployment, a factor level or a ddmin difference sets:
+  read by the installed build? Its env registry (`sglang.srt.environ`), then its source. SGLang never
+  warns about a variable it does not read, so a misspelled or removed name would make an arm identical to
+  the baseline and exonerate its hypothesis silently; it is refused, naming the variable, the level and
+  file that set it, the host, the version and the nearest names the build reads;
+- the PD transfer backend's module imports (sglang imports it only minutes into a start);
+- the engine version is one the deployment says it is written for (`deployment.sglang_version`).
+Hosts without sglang (the simulated ones, whose deployments name their own parser and env registry) or
+without nvidia-smi are skipped with a note. The probe also says what each flag a factor set means in the
+engine's namespace (dest and value); after start-up, `confirm_server_args` compares that with the running
+server's own `/server_info`.
 
-Each check is one function taking a Transport; the host-side work is a short command built with shlex,
-and parsing its output is pure.
+Then provenance: which sglang, which commit (and is it clean) is the server checkout, how much GPU memory
+is in use (again after teardown, to show the GPUs were freed). Host-side work is a short command built
+with shlex; judging its output is pure.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.plan import ArmPlan, config_key
+from packaging.specifiers import SpecifierSet
+
+from orchestrator import engine_probe
+from orchestrator.plan import ArmPlan, RolePlan, config_key
 from orchestrator.redact import redact_text
 from orchestrator.remote.base import Transport, TransportError
 from orchestrator.schema import SERVER_ROLES
@@ -147,55 +162,6 @@ def split_launch(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return None, []
 
 
-# Runs on the host with its own python. argv: parser target ("module:attr.path"), then the flags.
-# The target either fills a parser it is given (sglang's add_cli_args) or builds and returns one.
-_VALIDATE = r"""
-import argparse, importlib, inspect, json, sys
-target, flags = sys.argv[1], sys.argv[2:]
-module_name, _, attr = target.partition(":")
-try:
-    obj = importlib.import_module(module_name)
-except ModuleNotFoundError as e:
-    top = module_name.split(".")[0]
-    if e.name in (top, module_name) or module_name.startswith(f"{e.name}."):
-        print(json.dumps({"status": "absent", "detail": str(e)}))
-        sys.exit(0)
-    raise
-for part in attr.split("."):
-    obj = getattr(obj, part)
-try:
-    takes_parser = len(inspect.signature(obj).parameters) > 0
-except (TypeError, ValueError):
-    takes_parser = True
-if takes_parser:
-    parser = argparse.ArgumentParser(prog="sglang")
-    obj(parser)
-else:
-    parser = obj()
-
-class Refused(Exception):
-    pass
-
-def refuse(message):
-    raise Refused(message)
-
-parser.error = refuse  # argparse reports through error(); exit would lose the message
-try:
-    parser.parse_args(flags)
-except Refused as e:
-    print(json.dumps({"status": "refused", "detail": str(e)}))
-    sys.exit(0)
-known = parser._option_string_actions
-# argparse silently takes a unique prefix for the full flag: a renamed flag would slip through
-abbreviated = {}
-for word in flags:
-    name = word.split("=", 1)[0]
-    if name.startswith("--") and name != "--" and name not in known:
-        abbreviated[name] = sorted(o for o in known if o.startswith(name))
-print(json.dumps({"status": "ok", "abbreviated": abbreviated}))
-"""
-
-
 def flag_error_from_argparse(host: str, message: str) -> FlagError:
     """A FlagError naming the offending flag, from an argparse error message (pure)."""
     if message.startswith("ambiguous option:"):
@@ -221,34 +187,214 @@ def flag_error_from_argparse(host: str, message: str) -> FlagError:
     return FlagError(host, flag, f"sglang refuses the flags: {message}")
 
 
+# --- the engine's own view of an arm, from one probe per host ----------------------------------------------
+
+# the env names an engine owns: a name of these that the host's engine does not read is refused
+ENGINE_ENV_PREFIXES = ("SGLANG_", "SGL_")
+_PROBE_SOURCE = inspect.getsource(engine_probe)
+
+
+def engine_env_names(env: Mapping[str, str]) -> list[str]:
+    """The names in `env` that the engine owns (its registry decides whether each is read)."""
+    return sorted(name for name in env if name.startswith(ENGINE_ENV_PREFIXES))
+
+
+def run_probe(
+    t: Transport, python: str, request: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The engine probe's answer (orchestrator/engine_probe.py) from the host's `python`, with `env`."""
+    out = _run_python(t, python, _PROBE_SOURCE, [json.dumps(request)], env=env, timeout=300.0)
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as e:
+        raise PreflightError(f"on {t.host}: the engine probe printed no answer: {out[-500:]!r}") from e
+
+
+def checks_flags(argv: Sequence[str], parser: str) -> bool:
+    """False where the flags are not an sglang server's (the router, another engine) and no parser of
+    its own is named: they are then not validated."""
+    module, _ = split_launch(argv)
+    return parser != SGLANG_PARSER or module is None or module.startswith("sglang.")
+
+
+def _probe_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The role's env without the engine's variables: what the probe's interpreter needs (PYTHONPATH of
+    a source checkout, library paths). The engine's names are judged, not applied."""
+    return {name: value for name, value in env.items() if not name.startswith(ENGINE_ENV_PREFIXES)}
+
+
+@dataclass(frozen=True)
+class RoleJudgement:
+    """What the host's engine makes of one role of one arm: refusals, notes, and the value each flag a
+    factor set takes in the engine's own namespace ({flag: (dest, value)}), to be confirmed after start."""
+
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    expected: dict[str, tuple[str, Any]] = field(default_factory=dict)
+
+
+def _set_by(plan: ArmPlan, role: str, kind: str, name: str) -> str:
+    """ "set by factor.index_k (level bf16).roles.decode.env (conf/factor/index_k/bf16.yaml)" """
+    origin = plan.roles[role].origin_of(kind, name)
+    if not origin:
+        return ""
+    key = config_key(origin, role, "env" if kind == "env" else "flags")
+    source = plan.sources.get(origin)
+    return f"set by {key}" + (f" in {source}" if source else "")
+
+
+def _is_factor(origin: str | None) -> bool:
+    return bool(origin) and not origin.startswith(("deployment", "cluster"))
+
+
+def judge_role(
+    plan: ArmPlan, role: str, host: str, python: str, answer: Mapping[str, Any], verdict: Mapping[str, Any]
+) -> RoleJudgement:
+    """The probe's answer about one role (its flags' `verdict`, the host's env and backend verdicts)
+    turned into refusals that name the setting, where it was set and what is accepted. Pure."""
+    version = answer.get("sglang")
+    engine = f"sglang {version}" if version else "the engine"
+    where = f"{role} on {host} ({engine} for {python})"
+    problems: list[str] = []
+    notes: list[str] = []
+    spec = plan.sglang_version
+    if spec and answer.get("parser") == "absent":
+        problems.append(
+            f"{where}: deployment {plan.deployment} is written for sglang{spec} (deployment.sglang_version), "
+            f"but {python} has no sglang ({answer.get('parser_detail')}); set cluster.hosts.{role}.python "
+            f"to the interpreter of that host's sglang"
+        )
+    if spec and version and not SpecifierSet(spec).contains(version, prereleases=True):
+        problems.append(
+            f"{where}: deployment {plan.deployment} is written for sglang{spec} (deployment.sglang_version), "
+            f"not {version}: its flags and env vars were checked against that version only. Install it "
+            f"there, or use a deployment written for {version}"
+        )
+    if answer.get("parser") == "absent":
+        return RoleJudgement(tuple(problems), (f"{where}: no sglang; flags and env not checked",))
+    if verdict.get("status") == "refused":
+        error = flag_error_from_argparse(host, str(verdict.get("detail", "")))
+        set_by = _set_by(plan, role, "flag", error.flag) if error.flag else ""
+        problems.append(f"{role}: {error}" + (f" ({set_by})" if set_by else ""))
+    for word, matches in (verdict.get("abbreviated") or {}).items():
+        set_by = _set_by(plan, role, "flag", word)
+        problems.append(
+            f"{role}: on {host}: {word} is not a full flag; argparse would take it as "
+            f"{' or '.join(matches) or 'nothing'}. Spell the flag in full"
+            + (f" ({set_by})" if set_by else "")
+        )
+    for flag in verdict.get("deprecated") or ():
+        notes.append(f"{where}: {flag} is deprecated ({_set_by(plan, role, 'flag', flag)})")
+    env_verdicts = answer.get("env") or {}
+    for name in engine_env_names(plan.roles[role].env):
+        found = env_verdicts.get(name)
+        if found is None or found.get("read_in"):
+            continue
+        nearest = ", ".join(found.get("nearest") or ()) or "none close"
+        read_by = plan.env_read_by.get(name)
+        problems.append(
+            f"{where}: {name} is read nowhere in this build (searched {answer.get('env_scanned')}); "
+            f"{_set_by(plan, role, 'env', name)}. Set, it changes nothing: this arm would run as if the "
+            f"setting were absent, and its hypothesis would be wrongly exonerated. Nearest names this "
+            f"build reads: {nearest}."
+            + (
+                f" Read by: {read_by}"
+                if read_by
+                else " Fix the name, or point the role's python at a build that reads it"
+            )
+        )
+    parsed = verdict.get("parsed") or {}
+    backend_flag = "--disaggregation-transfer-backend"
+    for name, found in (answer.get("backends") or {}).items():
+        if not found.get("error"):
+            continue
+        chosen = parsed.get(backend_flag, ("", None))[1]
+        if chosen not in (name, None) or (chosen is None and name != "mooncake"):
+            continue
+        set_by = _set_by(plan, role, "flag", backend_flag) or "sglang's default"
+        problems.append(
+            f"{where}: transfer backend {name} ({backend_flag}, {set_by}) cannot start: "
+            f"`import {found['module']}` fails ({found['error']}). sglang imports it only when the KV "
+            f"manager starts, minutes into a start. Install it on that host, or choose a backend that "
+            f"imports"
+        )
+    expected = {
+        flag: (str(dest), value)
+        for flag, (dest, value) in parsed.items()
+        if _is_factor(plan.roles[role].origin_of("flag", flag))
+    }
+    return RoleJudgement(tuple(problems), tuple(notes), expected)
+
+
+def probe_request(plans_roles: Sequence[tuple[ArmPlan, str]]) -> dict[str, Any]:
+    """One probe's request for several (arm, role) pairs that share a host, python and parser."""
+    first = plans_roles[0][0].roles[plans_roles[0][1]]
+    parser = first.flag_parser or SGLANG_PARSER
+    names = sorted({n for plan, role in plans_roles for n in engine_env_names(plan.roles[role].env)})
+    return {
+        "parser": parser,
+        "registry": first.env_registry,
+        "argvs": [split_launch(plan.roles[role].argv)[1] for plan, role in plans_roles],
+        "env": names,
+        "backends": parser == SGLANG_PARSER,
+    }
+
+
+def _probe_key(t: Transport, rp: RolePlan) -> tuple:
+    return (id(t), rp.host.python, rp.flag_parser, rp.env_registry, tuple(sorted(_probe_env(rp.env).items())))
+
+
+def judge_on_hosts(
+    items: Sequence[tuple[ArmPlan, str]], transports: Mapping[str, Transport]
+) -> list[RoleJudgement]:
+    """Each (arm, role) judged by its host's engine: one probe per host, python, parser and env, whatever
+    the number of arms. The preflight module (a deployment's own site check) runs per arm and role."""
+    judgements: list[RoleJudgement | None] = [None] * len(items)
+    groups: dict[tuple, list[int]] = {}
+    for i, (plan, role) in enumerate(items):
+        rp = plan.roles[role]
+        parser = rp.flag_parser or SGLANG_PARSER
+        if not checks_flags(rp.argv, parser):
+            module = split_launch(rp.argv)[0]
+            judgements[i] = RoleJudgement(notes=(f"{role}: `{module}` is not an sglang server: not checked",))
+            continue
+        groups.setdefault(_probe_key(transports[role], rp), []).append(i)
+    for indices in groups.values():
+        pairs = [items[i] for i in indices]
+        plan, role = pairs[0]
+        t, rp = transports[role], plan.roles[role]
+        answer = run_probe(t, rp.host.python, probe_request(pairs), env=_probe_env(rp.env))
+        verdicts = answer.get("argvs") or [{} for _ in indices]
+        for i, verdict in zip(indices, verdicts, strict=True):
+            judgements[i] = judge_role(items[i][0], items[i][1], t.host, rp.host.python, answer, verdict)
+    return [j or RoleJudgement() for j in judgements]
+
+
 def validate_sglang_flags(
     t: Transport,
     python: str,
     argv: Sequence[str],
     parser: str = SGLANG_PARSER,
     env: Mapping[str, str] | None = None,
-) -> None:
-    """Parse a server role's flags with the host's own sglang argument parser, through its python.
+) -> dict[str, tuple[str, Any]]:
+    """Parse a server role's flags with the host's own parser (sglang's by default), through its python.
 
-    `argv` is the launch command (`python -m sglang.launch_server ...`) or its flags. Raises FlagError
-    on an unknown, ambiguous, abbreviated or invalid flag. Skipped with a logged note where the host
-    has no sglang, or where the command is not an sglang server (the router, the simulated server).
-    `parser` ("module:attr") is the parser to use: sglang's by default; `env` (e.g. PYTHONPATH of a
-    source checkout) is added for the host's python."""
-    module, flags = split_launch(argv)
-    if parser == SGLANG_PARSER and module is not None and not module.startswith("sglang."):
-        log.info("%s: flags of `%s` not validated: not an sglang server", t.host, module)
-        return
-    out = _run_python(t, python, _VALIDATE, [parser, *flags], env=env)
-    try:
-        verdict = json.loads(out.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError) as e:
-        raise PreflightError(f"on {t.host}: flag validation printed no verdict: {out[-500:]!r}") from e
-    if verdict["status"] == "absent":
+    Raises FlagError on an unknown, ambiguous, abbreviated or invalid flag; returns {flag: (dest, value)}.
+    Skipped with a logged note where the host has no sglang, or where the command is not an sglang
+    server and no parser of its own is named."""
+    if not checks_flags(argv, parser):
+        log.info("%s: flags of `%s` not validated: not an sglang server", t.host, split_launch(argv)[0])
+        return {}
+    answer = run_probe(t, python, {"parser": parser, "argvs": [split_launch(argv)[1]]}, env=env)
+    if answer["parser"] == "absent":
         log.info(
-            "%s: sglang is not installed for %s; flags not validated (%s)", t.host, python, verdict["detail"]
+            "%s: sglang is not installed for %s; flags not validated (%s)",
+            t.host,
+            python,
+            answer["parser_detail"],
         )
-        return
+        return {}
+    verdict = answer["argvs"][0]
     if verdict["status"] == "refused":
         raise flag_error_from_argparse(t.host, verdict["detail"])
     for flag, matches in verdict["abbreviated"].items():
@@ -258,6 +404,7 @@ def validate_sglang_flags(
             f"{flag} is not a full sglang flag; argparse would take it as "
             f"{' or '.join(matches)}. Spell the flag in full",
         )
+    return {flag: (dest, value) for flag, (dest, value) in verdict["parsed"].items()}
 
 
 # --- all of it, per host -----------------------------------------------------------------------------
@@ -307,37 +454,61 @@ def host_provenance(
 
 
 # --- the arm, checked on its hosts before any restart -----------------------------------------------------
+# --- the arm, checked on its hosts before any restart -----------------------------------------------------
+
+# role -> {flag: (dest, value)}: what the factor-set flags must read on the running server
+Expected = dict[str, dict[str, tuple[str, Any]]]
 
 
-def check_arm_on_hosts(plan: ArmPlan, transports: Mapping[str, Transport]) -> None:
-    """Each server host checks the arm's flags with its own parser (the host's sglang, or the
-    deployment's `flag_parser`) and runs the deployment's `preflight_module` with the role's env.
-    Raises PreflightError naming the role, what was refused and the config key that set it; touches no
-    running server."""
-    for role in SERVER_ROLES:
-        role_plan = plan.roles[role]
-        t, python = transports[role], role_plan.host.python
-        kwargs = {"parser": role_plan.flag_parser} if role_plan.flag_parser else {}
-        try:
-            validate_sglang_flags(t, python, role_plan.argv, env=role_plan.env, **kwargs)
-        except FlagError as e:
-            origin = role_plan.origin_of("flag", e.flag) if e.flag else None
-            where = config_key(origin, role, "flags") if origin else None
-            raise PreflightError(f"{role}: {e}" + (f" (set by {where})" if where else "")) from e
-        module = role_plan.preflight_module
-        if module:
-            check = t.run([python, "-m", module], env=role_plan.env, timeout=120.0, check=False)
-            if check.returncode != 0:
-                output = redact_text((check.stderr or check.stdout).strip(), role_plan.secrets)
-                raise PreflightError(
-                    f"{role}: `python -m {module}` on {t.host} refused the arm "
-                    f"(exit {check.returncode}): {output[-3000:]}"
-                )
+def _module_problems(plan: ArmPlan, role: str, t: Transport) -> list[str]:
+    """The deployment's own preflight module, run on the host with the role's env."""
+    role_plan = plan.roles[role]
+    module = role_plan.preflight_module
+    if not module:
+        return []
+    check = t.run([role_plan.host.python, "-m", module], env=role_plan.env, timeout=120.0, check=False)
+    if check.returncode == 0:
+        return []
+    output = redact_text((check.stderr or check.stdout).strip(), role_plan.secrets)
+    refused = f"{role}: `python -m {module}` on {t.host} refused the arm (exit {check.returncode})"
+    return [f"{refused}: {output[-3000:]}"]
+
+
+def check_arms(
+    plans: Sequence[ArmPlan], transports: Mapping[str, Transport]
+) -> tuple[list[tuple[int, str]], list[Expected]]:
+    """Every server role of every arm (all on one set of hosts) judged by its host: flags, engine env
+    names, transfer backend, engine version, and the deployment's preflight module. Returns (problems as
+    (arm index, message), the expected server args per arm). Touches no running server."""
+    items = [(plan, role) for plan in plans for role in SERVER_ROLES]
+    judged = judge_on_hosts(items, transports)
+    problems: list[tuple[int, str]] = []
+    expected: list[Expected] = [{} for _ in plans]
+    for n, ((plan, role), judgement) in enumerate(zip(items, judged, strict=True)):
+        index = n // len(SERVER_ROLES)
+        for note in judgement.notes:
+            log.info("%s", redact_text(note, plan.secrets))
+        found = [redact_text(p, plan.secrets) for p in judgement.problems]
+        if not found:
+            found = _module_problems(plan, role, transports[role])
+        problems += [(index, p) for p in found]
+        expected[index][role] = judgement.expected
+    return problems, expected
+
+
+def check_arm_on_hosts(plan: ArmPlan, transports: Mapping[str, Transport]) -> Expected:
+    """The arm checked by its server hosts (`check_arms`); raises PreflightError with every refusal.
+    Returns what each factor-set flag must read on the running server (`confirm_server_args`)."""
+    problems, expected = check_arms([plan], transports)
+    if problems:
+        raise PreflightError("; ".join(message for _, message in problems))
+    return expected[0]
 
 
 def check_sweep_on_hosts(planned: Sequence[tuple[str, ArmPlan]]) -> list[tuple[str, str]]:
-    """Every distinct arm of a sweep checked by its server hosts (flags, preflight module) before the
-    first job starts. `planned`: (job description, plan) pairs; returns (problem, job description)."""
+    """Every distinct arm of a sweep checked by its server hosts before the first job starts: one probe
+    per host and interpreter for all of them. `planned`: (job description, plan) pairs; returns
+    (problem, job description)."""
     from orchestrator.remote import close_all, make_transports
 
     problems: list[tuple[str, str]] = []
@@ -353,15 +524,51 @@ def check_sweep_on_hosts(planned: Sequence[tuple[str, ArmPlan]]) -> list[tuple[s
             problems.append((f"cluster of {first.roles['decode'].host.address}: {e}", ""))
             continue
         try:
-            seen = set()
+            distinct: dict[str, tuple[str, ArmPlan]] = {}
             for job, plan in jobs:
-                if plan.signature in seen:
-                    continue
-                seen.add(plan.signature)
-                try:
-                    check_arm_on_hosts(plan, transports)
-                except (PreflightError, TransportError) as e:
-                    problems.append((str(e), job))
+                distinct.setdefault(plan.signature, (job, plan))
+            arms = list(distinct.values())
+            found, _ = check_arms([plan for _, plan in arms], transports)
+            problems += [(message, arms[index][0]) for index, message in found]
+        except (PreflightError, TransportError) as e:
+            problems.append((str(e), jobs[0][0]))
         finally:
             close_all(transports)
     return problems
+
+
+# --- after start-up: the running server's own view of its arguments ------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b) and isinstance(b, bool) == isinstance(a, bool)
+    return a == b
+
+
+def confirm_server_args(
+    plan: ArmPlan, expected: Expected, server_info: Mapping[str, Mapping[str, Any] | None]
+) -> tuple[list[str], list[str]]:
+    """(refusals, notes): each flag a factor set, against the running server's `/server_info` (role ->
+    its JSON, None where it could not be read). A value that differs fails the arm: the server did not
+    take the setting, so the arm would not test what it says. A field the server does not report, or
+    no /server_info at all, is a note. Pure."""
+    problems: list[str] = []
+    notes: list[str] = []
+    for role, flags in expected.items():
+        info = server_info.get(role)
+        if not flags:
+            continue
+        if info is None:
+            notes.append(f"{role}: no /server_info; {', '.join(flags)} not confirmed")
+            continue
+        for flag, (dest, value) in flags.items():
+            if dest not in info:
+                notes.append(f"{role}: /server_info has no {dest}; {flag} not confirmed")
+            elif not _same(value, info[dest]):
+                problems.append(
+                    f"{role}: the running server has {dest}={info[dest]!r}, but {flag} "
+                    f"({_set_by(plan, role, 'flag', flag)}) gives {dest}={value!r}: the server did not take "
+                    f"the setting (its argument resolution overrode it), so this arm would not test it"
+                )
+    return problems, notes

@@ -135,6 +135,9 @@ class RoleLaunch:
     # `python -m MODULE` run on the host with the role's env before any restart (a site check, a config
     # file check); a non-zero exit refuses the arm with the command's output
     preflight_module: str | None = None
+    # "module:attr", an iterable of the engine env names (SGLANG_*) the server reads; null: the host's
+    # sglang, its env registry (sglang.srt.environ) and then its source. A name it does not read is refused
+    env_registry: str | None = None
 
 
 @dataclass
@@ -155,6 +158,9 @@ class DeploymentConf:
     stop_grace_s: float = 20.0
     # one chat request through the router after the health gate
     warmup: bool = True
+    # the sglang versions this deployment's flags and env vars are written for (a PEP 440 specifier,
+    # e.g. "==0.5.23"); a host with another version, or none, is refused. null: not an sglang deployment
+    sglang_version: str | None = None
 
 
 @dataclass
@@ -181,6 +187,9 @@ class FactorLevel:
     # one line for people (reports, --help of a study)
     description: str = ""
     roles: FactorRoles = field(default_factory=FactorRoles)
+    # engine env var -> which builds read it, where stock sglang does not: the preflight still refuses
+    # the variable on a host whose build does not read it, and quotes this (with how to proceed)
+    read_by: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -28,6 +28,7 @@ The design logic is in `_core.py` (pure); this class only wires it into Hydra.
 # No `from __future__ import annotations`: Hydra loads plugins outside sys.modules, where dataclasses
 # cannot resolve string annotations.
 import logging
+import time
 
 # The one dependence on Hydra's internals: the basic sweeper has no public base class, and subclassing
 # it keeps its batching, job numbering and launcher hand-off exactly as Hydra's own.
@@ -55,7 +56,8 @@ log = logging.getLogger(__name__)
 
 
 class _DryRunLauncher:
-    """Stands in for the launcher in a dry run: the jobs were composed, planned and printed; none runs."""
+    """Stands in for the launcher in a dry run or a preflight-only sweep: the jobs were composed, planned
+    and printed (or checked on their hosts); none runs."""
 
     def launch(self, job_overrides, initial_job_idx):
         return []
@@ -126,9 +128,14 @@ class StudySweeper(BasicSweeper):
             else:
                 jobs = ofat_jobs(choices, self.study.baseline)
                 self._ofat_batches = batches([job + extra for job in jobs], self.max_batch_size)
-        if self.config.get("dry_run"):
+        if self._launches_nothing():
             self.launcher = _DryRunLauncher()
         return super().sweep(list(arguments) + extra)
+
+    def _launches_nothing(self) -> bool:
+        """dry_run (print the arms) or preflight_only (check them on their hosts): no job runs."""
+        assert self.config is not None
+        return bool(self.config.get("dry_run") or self.config.get("preflight_only"))
 
     def is_done(self) -> bool:
         if self._ddmin_base is not None:
@@ -174,8 +181,8 @@ class StudySweeper(BasicSweeper):
         if not nxt.jobs:
             log.info("ddmin done: %s", nxt.result.outcome)
             return []
-        if self.config.get("dry_run") and self._launched >= 0:
-            log.info("dry run: the first round shown; the later rounds depend on its evidence")
+        if self._launches_nothing() and self._launched >= 0:
+            log.info("the first round shown and checked; the later rounds depend on its evidence")
             return []
         bench_on = bool(self.config.bench.get("enabled", True))
         jobs = [ddmin_job(self._ddmin_base, sorted(s), rep, bench and bench_on) for s, rep, bench in nxt.jobs]
@@ -218,8 +225,8 @@ class StudySweeper(BasicSweeper):
         if not nxt.arms:
             log.info("sequential study done after %d round(s): %s", len(looks), nxt.stop_reason)
             return []
-        if self.config.get("dry_run") and self._launched >= 0:
-            log.info("dry run: round 0 shown; the later rounds depend on its evidence")
+        if self._launches_nothing() and self._launched >= 0:
+            log.info("round 0 shown and checked; the later rounds depend on its evidence")
             return []
         if nxt.round <= self._launched:
             raise HydraException(
@@ -255,8 +262,9 @@ class StudySweeper(BasicSweeper):
 
         problems: list[str] = []
         dry_run = bool(self.config.get("dry_run"))
+        preflight_only = bool(self.config.get("preflight_only"))
         try:
-            if not dry_run:  # a dry run writes nothing, not even the reports folder
+            if not self._launches_nothing():  # nothing is written, not even the reports folder
                 check_local_side(str(self.config.tracking.uri), str(self.config.report.dir))
         except ConfigError as e:
             problems += e.problems
@@ -288,7 +296,17 @@ class StudySweeper(BasicSweeper):
             print(arm_listing(planned, self.study.baseline, self.study.name, self.design_run), flush=True)
             return
         if not problems:
+            started = time.monotonic()
             problems += [f"{p}{JOB_SEP}{job}" for p, job in check_sweep_on_hosts(on_members)]
+            checked = time.monotonic() - started
+        if not problems and preflight_only:
+            arms = len({plan.signature for _, plan in on_members})
+            print(
+                f"preflight of study {self.study.name} ({self.design_run}): {arms} arm(s) of {len(batch)} "
+                f"job(s) accepted by their hosts in {checked:.1f} s; nothing was started or stopped",
+                flush=True,
+            )
+            return
         if problems:
             error = ConfigError(collapse(problems, len(batch)))
             self._end_parent_refused(planned, str(error))
