@@ -7,10 +7,17 @@ polls the decode server's Prometheus endpoint (`/metrics`, which SGLang serves o
 `--enable-metrics`) every `interval_s` and reads its load: the sum of SGLang's request gauges
 `sglang:num_running_reqs` (the running batch) and `sglang:num_queue_reqs` (waiting), plus, where the
 server has them, the PD decode queues `sglang:num_decode_prealloc_queue_reqs` and
-`sglang:num_decode_transfer_queue_reqs` (requests whose KV is being allocated or received). Series of
-one gauge are summed (one per data-parallel rank); a series of a tensor-parallel rank other than 0
-(label `tp_rank`) is left out, since it repeats rank 0's count. The simulated server reports its
-modelled load in the same gauges (orchestrator/sim/server.py), so the same code reads both.
+`sglang:num_decode_transfer_queue_reqs` (requests whose KV is being allocated or received).
+
+Which series of a gauge count (read from sglang 0.5.23's `SchedulerMetricsCollector.init_new`): each
+scheduler that reports labels its series `tp_rank` (the *global* TP rank), `pp_rank`, `moe_ep_rank`, and
+under DP attention `dp_rank`; by default only attention-TP rank 0 of each DP group reports (every rank with
+`enable_metrics_for_all_schedulers`, repeating its group's count). With priority scheduling the total is
+the series with `priority=""` and the others are a per-priority breakdown of it. So one series per DP
+group counts: the lowest `tp_rank` of its `dp_rank` (pipeline stage 0, the total), and the groups are
+summed. Keeping only `tp_rank="0"` would drop every DP group but the first, whose rank-0 scheduler has
+global TP rank 0. The simulated server reports its modelled load in the same gauges
+(orchestrator/sim/server.py), so the same code reads both.
 
 The planned concurrency is the sessions the workload runs at once (`workload.concurrency`, else all of
 them). A load whose mean is under `SHORT_FRACTION` (80%) of that fell short: the sessions spent much
@@ -55,10 +62,18 @@ class LoadUnavailable(Exception):
     """The decode's load could not be read; the message says why, for the report."""
 
 
+def _rank(labels: Mapping[str, str], name: str) -> int:
+    try:
+        return int(labels.get(name, "0") or 0)
+    except ValueError:
+        return 0
+
+
 def parse_load(text: str) -> float:
-    """The load in one `/metrics` page: the sum of the `LOAD_GAUGES` series present (module doc).
-    Raises LoadUnavailable when the page has no `sglang:num_running_reqs`."""
-    totals: dict[str, float] = {}
+    """The load in one `/metrics` page: the sum of the `LOAD_GAUGES` series present, one series per DP
+    group (module doc). Raises LoadUnavailable when the page has no `sglang:num_running_reqs`."""
+    # (gauge, dp_rank) -> (tp_rank, value) of the group's reporting series with the lowest tp_rank
+    groups: dict[tuple[str, str], tuple[int, float]] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
@@ -66,17 +81,20 @@ def parse_load(text: str) -> float:
         if found is None or found.group(1) not in LOAD_GAUGES:
             continue
         labels = dict(_LABEL_RE.findall(found.group(2) or ""))
-        if labels.get("tp_rank", "0") != "0":
-            continue
+        if labels.get("priority", "") or _rank(labels, "pp_rank") != 0:
+            continue  # a per-priority breakdown of the total, or a later pipeline stage
         try:
             value = float(found.group(3))
         except ValueError:
             continue
-        if value == value:  # NaN: no value
-            totals[found.group(1)] = totals.get(found.group(1), 0.0) + value
-    if RUNNING not in totals:
+        if value != value:  # NaN: no value
+            continue
+        key, tp_rank = (found.group(1), labels.get("dp_rank", "")), _rank(labels, "tp_rank")
+        if key not in groups or tp_rank < groups[key][0]:
+            groups[key] = (tp_rank, value)
+    if not any(gauge == RUNNING for gauge, _ in groups):
         raise LoadUnavailable(f"the decode's /metrics has no {RUNNING} gauge")
-    return sum(totals.values())
+    return sum(value for _, value in groups.values())
 
 
 def planned_concurrency(sessions: int, concurrency: int | None) -> int:

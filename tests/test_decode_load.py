@@ -53,6 +53,67 @@ def test_parse_load_sums_the_request_gauges_of_every_dp_rank():
         parse_load("sglang:num_queue_reqs 3\nsglang:gen_throughput 1\n")
 
 
+def _series(gauge: str, value: float, **labels: object) -> str:
+    body = ",".join(f'{k}="{v}"' for k, v in {"engine_type": "decode", "model_name": "m", **labels}.items())
+    return f"sglang:{gauge}{{{body}}} {value}"
+
+
+def dp_attention_page(tp: int, dp: int, all_schedulers: bool, priority: bool = False) -> tuple[str, float]:
+    """/metrics of a DP-attention decode as sglang 0.5.23 labels it (SchedulerMetricsCollector.init_new):
+    the scheduler of global TP rank r is in DP group r // (tp // dp); only attention-TP rank 0 of a group
+    reports unless `all_schedulers`; with `priority` the total has priority="" beside a breakdown. Returns
+    the page and the load it shows (each group's running and queued requests, once)."""
+    attn_tp = tp // dp
+    lines, load = ["# TYPE sglang:num_running_reqs gauge"], 0.0
+    for rank in range(tp):
+        group = rank // attn_tp
+        if rank % attn_tp and not all_schedulers:
+            continue
+        running, queued = 10.0 + group, float(group % 3)
+        labels: dict[str, object] = {"tp_rank": rank, "pp_rank": 0, "moe_ep_rank": rank, "dp_rank": group}
+        if priority:
+            lines.append(_series("num_running_reqs", running, **labels, priority=""))
+            lines += [_series("num_running_reqs", running / 2, **labels, priority=p) for p in (0, 1)]
+        else:
+            lines.append(_series("num_running_reqs", running, **labels))
+        lines.append(_series("num_queue_reqs", queued, **labels))
+        if rank % attn_tp == 0:
+            load += running + queued
+    return "\n".join(lines) + "\n", load
+
+
+@pytest.mark.parametrize(
+    "tp, dp, all_schedulers, priority",
+    [
+        (8, 8, False, False),
+        (8, 2, False, False),
+        (8, 2, True, False),
+        (4, 4, True, True),
+        (8, 1, True, False),
+    ],
+)
+def test_parse_load_counts_one_series_per_dp_group_under_dp_attention(tp, dp, all_schedulers, priority):
+    page, load = dp_attention_page(tp, dp, all_schedulers, priority)
+    assert parse_load(page) == load
+    # the old rule (tp_rank "0" only) saw the first DP group alone: the arm read "load fell short"
+    first_group_only = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if 'tp_rank="0"' in line and 'priority="0"' not in line and 'priority="1"' not in line
+    )
+    assert (first_group_only < load) == (dp > 1)
+
+
+def test_parse_load_leaves_out_later_pipeline_stages():
+    page = "\n".join(
+        [
+            _series("num_running_reqs", 12.0, tp_rank=0, pp_rank=0),
+            _series("num_running_reqs", 12.0, tp_rank=1, pp_rank=1),
+        ]
+    )
+    assert parse_load(page) == 12.0
+
+
 def test_decode_load_summary_and_short_of_the_plan():
     load = DecodeLoad(planned=60, samples=(50.0, 58.0, 60.0, 52.0))
     assert (load.mean, load.p50, load.max, load.fraction, load.short) == (55.0, 55.0, 60.0, 55 / 60, False)
