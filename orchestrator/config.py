@@ -291,7 +291,9 @@ def difference_levels(
     for i, d in enumerate(differences):
         option = BAD if d.id in chosen else GOOD
         value = (
-            FactorLevel(level=option, description=d.description, roles=d.roles) if option == BAD else empty
+            FactorLevel(level=option, description=d.description, roles=d.roles, read_by=d.read_by)
+            if option == BAD
+            else empty
         )
         levels[d.id] = SelectedLevel(
             d.id, option, f"study.ddmin.differences[{i}] ({d.id})", value, overrides=True

@@ -6,7 +6,8 @@ argv[1] and prints one JSON answer on its last line.
 Request: {"parser": "module:attr" (sglang's `ServerArgs.add_cli_args`, or a parser-building function),
 "registry": null (the host's sglang: its env registry, then its source) or "module:attr" (an iterable of
 the env names an engine reads, e.g. the simulator's), "argvs": [[flags...], ...], "env": [names],
-"backends": bool (check that each PD argv's transfer backend imports)}.
+"backends": bool (check that each PD argv's transfer backend imports), "list_known": bool (answer every
+name the engine reads as "env_known")}.
 
 Answer: {"sglang": version or null, "parser": "ok" | "absent", "parser_detail": str, "argvs": [verdict per
 argv], "env": {name: {"read_in": "registry" | "deprecated" | a source path | "", "nearest": [names]}},
@@ -154,7 +155,7 @@ def judge_env(names, registry_target):
             read_in = found.get(name, "")
         nearest = [] if read_in else difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         verdicts[name] = {"read_in": read_in, "nearest": nearest}
-    return verdicts, scanned
+    return verdicts, scanned, known
 
 
 def judge_backend(name):
@@ -188,8 +189,10 @@ def main(request):
         mode = getattr(namespace, "disaggregation_mode", None)
         if request.get("backends") and mode in ("prefill", "decode"):
             backends.add(getattr(namespace, "disaggregation_transfer_backend", None) or "mooncake")
-    if request.get("env"):
-        answer["env"], answer["env_scanned"] = judge_env(request["env"], request.get("registry"))
+    if request.get("env") or request.get("list_known"):
+        answer["env"], answer["env_scanned"], known = judge_env(request.get("env") or [], request.get("registry"))
+        if request.get("list_known"):
+            answer["env_known"] = known
     answer["backends"] = {name: judge_backend(name) for name in sorted(backends)}
     return answer
 

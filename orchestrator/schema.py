@@ -225,6 +225,8 @@ class Difference:
     id: str = MISSING
     description: str = ""
     roles: FactorRoles = field(default_factory=FactorRoles)
+    # engine env var -> which builds read it, as FactorLevel.read_by
+    read_by: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -302,6 +304,7 @@ class StudyConf:
                             if role in ROLES
                         }
                     ),
+                    read_by={str(k): str(v) for k, v in (d.get("read_by") or {}).items()},
                 )
                 for d in (data.get("ddmin") or {}).get("differences") or []
             ]

@@ -194,3 +194,39 @@ def compose_cfg(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
             )
 
         yield _compose
+
+
+# --- the real sglang package, for holding configs and the simulator to it (scripts/sglang-cpu.sh) -----------
+
+REAL_SGLANG_VERSION = "0.5.23"
+REAL_SGLANG_DEFAULT = (
+    Path.home() / ".cache" / "heisenhunt" / f"sglang-{REAL_SGLANG_VERSION}-cpu" / "bin" / "python"
+)
+
+
+@functools.cache
+def _real_sglang_python() -> tuple[str | None, str]:
+    """(interpreter, '') of the real sglang installed for CPU checks, or (None, why not)."""
+    import subprocess
+
+    python = os.environ.get("HEISENHUNT_SGLANG_PYTHON") or str(REAL_SGLANG_DEFAULT)
+    if not Path(python).exists():
+        return None, f"no real sglang interpreter at {python} (scripts/sglang-cpu.sh installs it)"
+    probe = "import importlib.metadata as m, sglang.srt.environ; print(m.version('sglang'))"
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    if found.returncode != 0 or found.stdout.strip() != REAL_SGLANG_VERSION:
+        why = (found.stderr.strip() or found.stdout.strip())[-300:]
+        return None, f"{python} has no sglang {REAL_SGLANG_VERSION}: {why} (scripts/sglang-cpu.sh)"
+    return python, ""
+
+
+@pytest.fixture
+def real_sglang_python() -> str:
+    """The interpreter of the real sglang package (its parser, env registry and source; no GPU). Skips with
+    the reason where it is not installed; under HEISENHUNT_REQUIRE_REAL_SGLANG=1 (CI) that is a failure."""
+    python, why = _real_sglang_python()
+    if python is None:
+        if os.environ.get("HEISENHUNT_REQUIRE_REAL_SGLANG") == "1":
+            pytest.fail(f"HEISENHUNT_REQUIRE_REAL_SGLANG=1, but {why}")
+        pytest.skip(why)
+    return python

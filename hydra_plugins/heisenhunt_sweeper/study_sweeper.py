@@ -186,6 +186,11 @@ class StudySweeper(BasicSweeper):
             return []
         bench_on = bool(self.config.bench.get("enabled", True))
         jobs = [ddmin_job(self._ddmin_base, sorted(s), rep, bench and bench_on) for s, rep, bench in nxt.jobs]
+        if self._launches_nothing():
+            # shown and checked beside the first round: the bad configuration, every difference applied,
+            # so each difference's env vars and flags meet the hosts before any start
+            bad = ddmin_job(self._ddmin_base, sorted(ids), 0, False)
+            jobs += [bad] if bad not in jobs else []
         again = [j for j in jobs if tuple(j) in self._ddmin_launched]
         if again:
             raise HydraException(

@@ -5,6 +5,11 @@ empty string too) logs a warning and keeps the default. `EnvInt`/`EnvFloat` keep
 value does not parse. Only the variables listed in `ENV_VARS` are read: they are also the only `env.*`
 keys a fault model may put in a rule's conditions.
 
+`READ_NAMES` is the sim's env registry for the preflight (`env_registry` of the sim deployments): the
+names above, and every name real sglang reads (`SGLANG_ENV_NAMES`, written from the sglang 0.5.23 package
+into sglang_env_names.txt and checked against it in CI), which the sim accepts without modelling them. A
+name in neither is refused before a start, as on a real host.
+
 Pure: `effective_env(environ)` returns the values and the warnings; the caller logs the warnings.
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 _TRUE = {"true", "1", "yes", "y"}
@@ -37,6 +43,19 @@ ENV_VARS: dict[str, EnvSpec] = {
     # /server_info includes the process's SGLANG_* environment when set.
     "SGLANG_EXPOSE_OWN_ENV_VARS": EnvSpec(bool, False, "expose own env in /server_info"),
 }
+
+
+SGLANG_ENV_NAMES_FILE = Path(__file__).with_name("sglang_env_names.txt")
+
+
+def read_names_file(path: Path) -> frozenset[str]:
+    """The names in a snapshot file (one per line, `#` comments)."""
+    lines = path.read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+SGLANG_ENV_NAMES = read_names_file(SGLANG_ENV_NAMES_FILE)
+READ_NAMES = frozenset(ENV_VARS) | SGLANG_ENV_NAMES
 
 
 def parse_env_bool(raw: str | None, default: bool) -> tuple[bool, str | None]:
