@@ -311,7 +311,7 @@ def judge_role(
         chosen = parsed.get(backend_flag, ("", None))[1]
         if chosen not in (name, None) or (chosen is None and name != "mooncake"):
             continue
-        set_by = _set_by(plan, role, "flag", backend_flag) or "sglang's default"
+        set_by = _set_by(plan, role, "flag", backend_flag) if chosen else "sglang's default"
         problems.append(
             f"{where}: transfer backend {name} ({backend_flag}, {set_by}) cannot start: "
             f"`import {found['module']}` fails ({found['error']}). sglang imports it only when the KV "
@@ -541,8 +541,11 @@ def check_sweep_on_hosts(planned: Sequence[tuple[str, ArmPlan]]) -> list[tuple[s
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return float(a) == float(b) and isinstance(b, bool) == isinstance(a, bool)
+    """Equal as JSON values: 2 and 2.0 are, True and 1 are not."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
     return a == b
 
 

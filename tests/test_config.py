@@ -12,7 +12,8 @@ from tests.conftest import plan_of
 SHIPPED_FACTORS = {
     "capture": ["eager", "graph"],
     "hicache": ["off", "on"],
-    "index_k": ["bf16", "fp8"],
+    # stock: no variable set (stock sglang reads none: experiments/dsv4_stock.yaml)
+    "index_k": ["bf16", "fp8", "stock"],
     "multi_stream": ["off", "on"],
     # the GPU decode engine's fix (experiments/gpu_race.yaml)
     "indexer_fix": ["none", "record_stream"],

@@ -138,15 +138,15 @@ def test_the_simulated_servers_own_parser_can_validate(host: Transport) -> None:
         "m",
         "--disaggregation-mode",
         "prefill",
-        "--cuda-graph-max-bs",
+        "--cuda-graph-max-bs-decode",
         "32",
     ]
-    validate_sglang_flags(host, sys.executable, sim, parser=SIM_PARSER)
+    parsed = validate_sglang_flags(host, sys.executable, sim, parser=SIM_PARSER)
+    assert parsed["--cuda-graph-max-bs-decode"] == ("cuda_graph_max_bs_decode", 32)
+    # 0.5.9's spelling, which real 0.5.23 refuses as ambiguous: the sim refuses it too
     with pytest.raises(FlagError) as caught:
-        validate_sglang_flags(
-            host, sys.executable, [*sim, "--cuda-graph-max-bs-decode", "8"], parser=SIM_PARSER
-        )
-    assert caught.value.flag == "--cuda-graph-max-bs-decode"
+        validate_sglang_flags(host, sys.executable, [*sim, "--cuda-graph-max-bs", "8"], parser=SIM_PARSER)
+    assert caught.value.flag == "--cuda-graph-max-bs"
 
 
 def test_broken_sglang_install_is_an_error_not_a_skip(tmp_path: Path) -> None:
