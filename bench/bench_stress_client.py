@@ -53,7 +53,7 @@ def free_port() -> int:
 def start_sim(transport, work: Path, extra_args: list[str]) -> tuple[int, str]:
     from orchestrator.sim.launch import server_launch, wait_healthy
 
-    launch = server_launch(free_port(), time_scale=0, flags=["--disable-cuda-graph", *extra_args])
+    launch = server_launch(free_port(), time_scale=0, flags=["--disable-decode-cuda-graph", *extra_args])
     pid = transport.start_detached(launch.argv, launch.env, str(work / "sim.log"), str(work / "sim.pid"))
     try:
         wait_healthy(

@@ -37,7 +37,7 @@ def test_the_dsv4_study_dry_run_prints_five_arms_with_every_roles_command_and_st
     }  # fmt: skip
     assert all("4 job(s)" in a for a in arms)  # four repetitions each
     assert out.count("--disaggregation-mode decode") == 5 and out.count("-m orchestrator.sim.router") == 5
-    assert "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0" in out and "--disable-cuda-graph" in out
+    assert "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=0" in out and "--disable-decode-cuda-graph" in out
     assert "HF_TOKEN='***'" in out and SECRET not in out
     assert "5 arm(s), 20 job(s)" in out
     # nothing touched: no MLflow store, no server work dir, no pid file, no report

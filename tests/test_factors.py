@@ -21,7 +21,8 @@ def test_levels_land_on_the_roles_the_factor_names(compose_cfg):
         )
     )
     decode, prefill = plan.roles["decode"], plan.roles["prefill"]
-    assert "--disable-cuda-graph" in decode.argv and "--disable-cuda-graph" not in prefill.argv
+    assert "--disable-decode-cuda-graph" in decode.argv and "--disable-decode-cuda-graph" not in prefill.argv
+    assert "--disable-cuda-graph" not in decode.argv  # deprecated in 0.5.23: it turns prefill graphs off too
     assert decode.env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "0"
     assert "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP" not in prefill.env
     assert prefill.env["SGLANG_DSV4_BF16_INDEX_K"] == decode.env["SGLANG_DSV4_BF16_INDEX_K"] == "0"

@@ -248,7 +248,9 @@ def searchpath_dir(root: Path, files: dict[str, str]) -> str:
 # value is well-formed (config validation accepts it) and the host's flag parser accepts it too (the
 # preflight passes), but the server's own check refuses it at start: a server that will not start.
 BROKEN_LEVEL = {
-    "factor/multi_stream/broken.yaml": "level: broken\nroles:\n  decode: {flags: {--cuda-graph-max-bs: 0}}\n",
+    "factor/multi_stream/broken.yaml": (
+        "level: broken\nroles:\n  decode: {flags: {--cuda-graph-max-bs-decode: 0}}\n"
+    ),
 }
 
 
@@ -271,7 +273,7 @@ def test_an_arm_whose_server_will_not_start_is_a_failed_run_and_the_sweep_goes_o
     assert bad.data.tags["failure_reason"].startswith("decode: exited before becoming healthy")
     failure = artifact_text(study.client(), bad.info.run_id, "failure/failure.txt", study.root / "dl")
     # the log tail shows why: the server's own argparse error
-    assert "error: --cuda-graph-max-bs must be >= 1" in failure
+    assert "error: --cuda-graph-max-bs-decode must be >= 1" in failure
     # the report lists the failed arm and why
     report = json.loads((study.reports / STUDY / "report.json").read_text())
     problems = [p for p in report["problem_runs"] if p["status"] == "FAILED"]

@@ -312,7 +312,7 @@ def test_bench_metrics_and_read_back(cfg_for, tmp_path):
     assert rec.families == {"structural": 2, "plan_drift": 7} and rec.missing_usage == 0
     assert rec.conditions["workload.count"] == "structural,plan_drift"
     assert rec.config["decode"]["env"]["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "1"
-    assert "--cuda-graph-max-bs" in rec.config["decode"]["flags"]
+    assert "--cuda-graph-max-bs-decode" in rec.config["decode"]["flags"]
 
 
 def test_parent_run_id_is_handed_over_by_file_and_env(cfg_for, monkeypatch):

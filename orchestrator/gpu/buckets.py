@@ -1,6 +1,6 @@
 """Batch buckets of the GPU decode engine (pure): which captured graph a decode batch replays.
 
-SGLang captures one decode graph per size in a fixed list up to `--cuda-graph-max-bs`, pads a batch
+SGLang captures one decode graph per size in a fixed list up to `--cuda-graph-max-bs-decode`, pads a batch
 up to the smallest captured size that holds it, and runs a larger batch eager. The list is the one
 the sim server logs at capture (`orchestrator.sim.server.CUDA_GRAPH_SIZES`).
 """
@@ -13,7 +13,7 @@ from orchestrator.sim.server import CUDA_GRAPH_SIZES
 
 
 def capture_sizes(max_bs: int, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> list[int]:
-    """The batch sizes captured with `--cuda-graph-max-bs max_bs`, ascending."""
+    """The batch sizes captured with `--cuda-graph-max-bs-decode max_bs`, ascending."""
     return sorted(b for b in sizes if b <= max_bs)
 
 

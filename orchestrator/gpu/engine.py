@@ -4,8 +4,10 @@ Selected on the decode role of `python -m orchestrator.sim.server` with
 `HEISENHUNT_DECODE_ENGINE=orchestrator.gpu.engine:GpuDecodeEngine`. Everything the server does stays
 the same (flags, `SGLANG_*` env, HTTP surface, PD hand-off, batching, modelled step times), except:
 
-- start-up loads the step's weights on the GPU and, unless `--disable-cuda-graph`, captures one CUDA
-  graph per batch bucket up to `--cuda-graph-max-bs` (kernel.DecodeStep.capture);
+- start-up loads the step's weights on the GPU and, unless decode graphs are off
+  (`--disable-decode-cuda-graph` or the deprecated `--disable-cuda-graph`: `args.decode_graphs_enabled`,
+  the one decision the sim's engine uses too), captures one CUDA graph per batch bucket up to
+  `--cuda-graph-max-bs-decode` (kernel.DecodeStep.capture);
 - every decode step runs `kernel.DecodeStep.step` for the running batch (its bucket's graph, or eager
   above the largest bucket) and compares each row's indexer result with a serialized reference;
 - a planned tool-call request whose row disagrees gets the corrupted continuation of
@@ -208,7 +210,7 @@ class GpuDecodeEngine(DecodeEngine):
             "device": dict(self.device),
             "config": {
                 "capture": "graph" if self.graph_enabled else "eager",
-                "cuda_graph_max_bs": self.max_graph_bs,
+                "cuda_graph_max_bs_decode": self.max_graph_bs,
                 "multi_stream": self.multi_stream,
                 "bf16_index_k": self.bf16_keys,
                 "indexer_fix": self.fix,

@@ -1,9 +1,10 @@
 """The simulated schedulers: a prefill loop and a decode loop that batch like a real engine.
 
 The decode loop runs one scheduler step at a time: admit waiting requests (their KV has arrived),
-sleep the modelled step time for the running batch (captured graph up to `--cuda-graph-max-bs`,
-eager above it or everywhere with `--disable-cuda-graph`), then advance every running request by
-one token. There is no per-request sleep: throughput and latency come from the batch, as on a GPU.
+sleep the modelled step time for the running batch (captured graph up to `--cuda-graph-max-bs-decode`,
+eager above it or everywhere when decode graphs are off: `--disable-decode-cuda-graph` or the
+deprecated `--disable-cuda-graph`, `args.decode_graphs_enabled`), then advance every running request
+by one token. There is no per-request sleep: throughput and latency come from the batch, as on a GPU.
 When a planned tool-call request joins the batch, the fault model's rule for (prefill config,
 decode config) gives the probability, over the decode's *modelled load*, that its output is
 corrupted, and with which shape. A rule with `restart_icc` has its start's draw made once, when the
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.sim import agent
+from orchestrator.sim.args import decode_graph_max_bs, decode_graphs_enabled
 from orchestrator.sim.faults import FaultModel, RoleConfig, Rule, draw_restart_quantiles
 from orchestrator.workload import tasks
 
@@ -261,8 +263,8 @@ class DecodeEngine:
         self.log_interval = max(1, int(log_interval))
         args = config.args
         self.max_running = int(args.get("max_running_requests") or 256)
-        self.graph_enabled = not args.get("disable_cuda_graph", False)
-        self.max_graph_bs = int(args.get("cuda_graph_max_bs") or 32)
+        self.graph_enabled = decode_graphs_enabled(args)
+        self.max_graph_bs = decode_graph_max_bs(args)
         self.multi_stream = bool(config.env.get("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", True))
         self.stream_interval = max(1, int(args.get("stream_interval") or 1))
         # once per server start: where this start's rate lies for each rule with restart_icc
@@ -355,7 +357,7 @@ class DecodeEngine:
         await asyncio.sleep(modelled_s)
 
     async def capture(self, sizes: Sequence[int], modelled_s: float) -> None:
-        """Capture one decode graph per batch size (server start-up, unless --disable-cuda-graph)."""
+        """Capture one decode graph per batch size (server start-up, unless decode graphs are off)."""
         await asyncio.sleep(modelled_s)
 
     async def _device_step(self, captured: bool) -> None:

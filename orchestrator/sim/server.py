@@ -14,6 +14,23 @@ multiplied by it; default 1.0); `HEISENHUNT_SIM_SESSION_IDLE_S` (wall seconds a 
 session stays open in the modelled load, engine.py; default 10). `/server_info` has a `sim` block with
 the sim's own counters and its modelled load now.
 
+Flags: SGLang 0.5.23's spelling and resolution (args.py); `/server_info` reports the resolved flags by
+their dest, as SGLang's does (e.g. `disable_decode_cuda_graph`, `cuda_graph_max_bs_decode`), and
+`internal_states[0].decode_cuda_graph_bs` the decode's graph batch sizes, empty when decode graphs are
+off (`args.decode_graphs_enabled`, the one decision the engines use too).
+
+Test-only: `HEISENHUNT_SIM_OVERRIDE_ARGS`, a JSON object `{dest: value}` (e.g.
+`{"disable_decode_cuda_graph": false}`), models a real server overriding an argument during its
+argument resolution (SGLang's resolution hooks do this silently, e.g. turning a feature off that is
+incompatible with another). It is applied to the parsed flags after parsing and resolution; the server
+logs one warning line per overridden dest (`Overriding disable_decode_cuda_graph=True -> False
+(HEISENHUNT_SIM_OVERRIDE_ARGS)`), runs with the overridden values (graphs captured or not, fault-model
+rules matched on them) and reports them in `/server_info`. An unknown dest, a value not of the parser's
+type for it (or not among its choices), or an override the resolution would undo (decode graphs on while
+`disable_cuda_graph` stays set) stops the server at start-up (exit status 2) with a message naming the
+dest and what is accepted. Use it to test that the orchestrator notices a flag not in effect on the
+running server; never in a study.
+
 `/metrics` (with `--enable-metrics`, as SGLang) reports the decode's *modelled* load in SGLang's own
 gauges, so a client that polls a real server's load reads the sim's the same way:
 `sglang:num_running_reqs` is the running batch and `sglang:num_queue_reqs` the rest of the modelled load
@@ -41,7 +58,14 @@ from typing import Any
 from aiohttp import web
 
 from orchestrator.sim import agent
-from orchestrator.sim.args import parse_args
+from orchestrator.sim.args import (
+    apply_overrides,
+    decode_graph_max_bs,
+    decode_graphs_enabled,
+    deprecation_warnings,
+    parse_args,
+    parse_overrides,
+)
 from orchestrator.sim.bootstrap import BootstrapClient, BootstrapFailed, BootstrapState
 from orchestrator.sim.engine import (
     SESSION_IDLE_ENV,
@@ -60,10 +84,12 @@ log = logging.getLogger("sglang.sim.server")
 
 # "module:Class" of the decode engine (unset: the simulated one); orchestrator.gpu.engine:GpuDecodeEngine
 DECODE_ENGINE_ENV = "HEISENHUNT_DECODE_ENGINE"
-# the decode batch sizes SGLang captures graphs for (up to --cuda-graph-max-bs)
+# the decode batch sizes SGLang captures graphs for (up to --cuda-graph-max-bs-decode)
 CUDA_GRAPH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 TIME_SCALE_ENV = "HEISENHUNT_SIM_TIME_SCALE"
-SIM_VERSION = "0.5.9"  # the SGLang release whose flags and log lines the sim follows
+# test-only: {dest: value} a real server's argument resolution would override (module doc)
+OVERRIDE_ARGS_ENV = "HEISENHUNT_SIM_OVERRIDE_ARGS"
+SIM_VERSION = "0.5.23"  # the SGLang release whose flags and log lines the sim follows
 READY_LINE = "The server is fired up and ready to roll!"
 MIN_TIMEOUT_S = 0.5
 
@@ -189,13 +215,13 @@ class SimServer:
 
     async def _startup(self) -> None:
         startup = self.model.throughput.startup_s * self.scale
-        captured = self.mode != "prefill" and not self.args.disable_cuda_graph
+        captured = self.mode != "prefill" and decode_graphs_enabled(self.args)
         log.info("Load weight begin. avail mem=94.50 GB")
         await self.decode.load(startup * (0.5 if captured else 1.0))
         log.info("Load weight end. type=DeepseekV4ForCausalLM, dtype=torch.bfloat16, avail mem=22.10 GB")
         log.info("KV Cache is allocated. #tokens: 1000000")
         if captured:
-            sizes = [b for b in CUDA_GRAPH_SIZES if b <= self.args.cuda_graph_max_bs]
+            sizes = [b for b in CUDA_GRAPH_SIZES if b <= decode_graph_max_bs(self.args)]
             log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=21.90 GB")
             t0 = time.monotonic()
             await self.decode.capture(sizes, startup * 0.5)
@@ -261,9 +287,9 @@ class SimServer:
             {
                 "last_gen_throughput": self.counters.last_gen_throughput,
                 "memory_usage": {"weight": 80.1, "kvcache": 20.4, "token_capacity": 1000000},
-                "decode_cuda_graph_bs": []
-                if self.args.disable_cuda_graph
-                else list(range(1, self.args.cuda_graph_max_bs + 1)),
+                "decode_cuda_graph_bs": list(range(1, decode_graph_max_bs(self.args) + 1))
+                if decode_graphs_enabled(self.args)
+                else [],
             }
         ]
         if self.env["SGLANG_EXPOSE_OWN_ENV_VARS"]:
@@ -776,10 +802,26 @@ async def serve(server: SimServer) -> None:
     await server.stop()
 
 
+def override_args(args, raw: str | None) -> None:
+    """Apply `HEISENHUNT_SIM_OVERRIDE_ARGS` (module doc) to the parsed args, one warning line per dest.
+    ValueError names the variable, the bad dest and what is accepted."""
+    if raw is None or not raw.strip():
+        return
+    try:
+        changes = apply_overrides(args, parse_overrides(raw))
+    except ValueError as e:
+        raise ValueError(f"{OVERRIDE_ARGS_ENV}: {e}") from e
+    for dest, old, new in changes:
+        log.warning("Overriding %s=%r -> %r (%s)", dest, old, new, OVERRIDE_ARGS_ENV)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
+    for warning in deprecation_warnings(args):
+        log.warning("%s", warning)
     try:
+        override_args(args, os.environ.get(OVERRIDE_ARGS_ENV))
         scale = parse_time_scale(os.environ.get(TIME_SCALE_ENV))
         parse_session_idle(os.environ.get(SESSION_IDLE_ENV))
         model = load_fault_model(os.environ.get(FAULT_MODEL_ENV) or None)

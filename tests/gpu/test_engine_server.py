@@ -32,7 +32,7 @@ def test_a_mismatching_captured_step_corrupts_the_planned_call_and_is_counted_pe
     assert engine["captured_sizes"] == [1, 2, 4, 8, 12, 16, 24, 32]
     assert engine["config"] == {
         "capture": "graph",
-        "cuda_graph_max_bs": 32,
+        "cuda_graph_max_bs_decode": 32,
         "multi_stream": True,
         "bf16_index_k": False,
         "indexer_fix": "none",
@@ -47,7 +47,8 @@ def test_record_stream_or_eager_leaves_every_call_intact(serve):
     messages, expected = planned()
     for flags, env, bucket in (
         ((), {"HEISENHUNT_GPU_INDEXER_FIX": "record_stream"}, "1"),
-        (("--disable-cuda-graph",), {}, "eager"),
+        (("--disable-decode-cuda-graph",), {}, "eager"),
+        (("--disable-cuda-graph",), {}, "eager"),  # deprecated: both phases, the decode's too
     ):
         _, base = serve(*flags, **env)
         call = chat(base, messages, tasks.TOOLS)["choices"][0]["message"]["tool_calls"][0]["function"]

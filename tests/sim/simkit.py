@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class Arm:
-    capture: bool = True  # decode captures CUDA graphs (else --disable-cuda-graph)
+    capture: bool = True  # decode captures CUDA graphs (else --disable-decode-cuda-graph)
     bf16_index_k: bool = True  # SGLANG_DSV4_BF16_INDEX_K on both roles
     multi_stream: bool = True  # SGLANG_OPT_USE_MULTI_STREAM_OVERLAP on decode
     hicache: bool = True  # --enable-hierarchical-cache on prefill
@@ -55,7 +55,7 @@ class Arm:
         return ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"] if self.hicache else []
 
     def decode_flags(self) -> list[str]:
-        return [] if self.capture else ["--disable-cuda-graph"]
+        return [] if self.capture else ["--disable-decode-cuda-graph"]
 
 
 BASELINE = Arm()
@@ -126,7 +126,7 @@ class Cluster:
         return self._start_server("prefill", self.prefill_port, arm.prefill_env(), flags, wait)
 
     def start_decode(self, arm: Arm = BASELINE, extra: Sequence[str] = (), wait: bool = True) -> Proc:
-        flags = ["--cuda-graph-max-bs", "32", *arm.decode_flags(), *extra]
+        flags = ["--cuda-graph-max-bs-decode", "32", *arm.decode_flags(), *extra]
         return self._start_server("decode", self.decode_port, arm.decode_env(), flags, wait)
 
     def start_router(self, extra: Sequence[str] = ()) -> Proc:

@@ -34,14 +34,16 @@ def role(mode: str, argv: list[str], env: dict[str, str]) -> RoleConfig:
     return RoleConfig(mode, effective_env(env)[0], vars(args))
 
 
-def pair(capture=True, bf16=True, multi_stream=True, hicache=True) -> tuple[RoleConfig, RoleConfig]:
+def pair(
+    capture=True, bf16=True, multi_stream=True, hicache=True, eager_flag="--disable-decode-cuda-graph"
+) -> tuple[RoleConfig, RoleConfig]:
     b = "1" if bf16 else "0"
     prefill = role(
         "prefill", ["--enable-hierarchical-cache"] if hicache else [], {"SGLANG_DSV4_BF16_INDEX_K": b}
     )
     decode = role(
         "decode",
-        [] if capture else ["--disable-cuda-graph"],
+        [] if capture else [eager_flag],
         {"SGLANG_DSV4_BF16_INDEX_K": b, "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "1" if multi_stream else "0"},
     )
     return prefill, decode
@@ -113,6 +115,20 @@ def test_builtin_rules_match_only_the_story():
         if not (cap and bf16 and ms):
             other = dict(capture=cap, bf16=bf16, multi_stream=ms, hicache=hc)
             assert model.rule_for(*pair(**other)) is None, other
+    # the deprecated --disable-cuda-graph turns decode graphs off too (0.5.23), so the story is off
+    assert model.rule_for(*pair(capture=False, eager_flag="--disable-cuda-graph")) is None
+
+
+def test_a_model_testing_the_deprecated_dest_still_validates_and_matches_it(tmp_path: Path):
+    data = yaml.safe_load(BUILTIN_PATH.read_text())
+    for rule in data["rules"]:
+        del rule["when"]["decode.args.disable_decode_cuda_graph"]
+        rule["when"]["decode.args.disable_cuda_graph"] = False
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    model = load_fault_model(path)
+    assert model.rule_for(*pair()).name == "overlap-race-hicache"
+    assert model.rule_for(*pair(capture=False, eager_flag="--disable-cuda-graph")) is None
 
 
 def test_probability_grows_with_batch_and_batch_one_never_corrupts():
@@ -158,8 +174,8 @@ def test_clean_model_and_throughput_defaults(tmp_path: Path):
             ["unknown key 'router.args.port'", "prefill, decode"],
         ),
         (
-            lambda d: d["rules"][0]["when"].update({"decode.args.disable_cuda_graph": "no"}),
-            ["when.decode.args.disable_cuda_graph", "expected bool"],
+            lambda d: d["rules"][0]["when"].update({"decode.args.disable_decode_cuda_graph": "no"}),
+            ["when.decode.args.disable_decode_cuda_graph", "expected bool"],
         ),
         (
             lambda d: d["rules"][0].update(probability=[[1, 0.0], [8, 1.5]]),

@@ -23,7 +23,7 @@ def test_server_launch_places_the_role_and_sets_the_sims_env():
         bootstrap_port=8998,
         time_scale=0.05,
         fault_model="/tmp/faults.yaml",
-        flags=["--disable-cuda-graph"],
+        flags=["--disable-decode-cuda-graph"],
         env={"SGLANG_X": "1"},
     )
     assert launch.argv[:3] == [sys.executable, "-m", "orchestrator.sim.server"]
@@ -34,7 +34,7 @@ def test_server_launch_places_the_role_and_sets_the_sims_env():
         "127.0.0.1",
         8100,
     )
-    assert args.disaggregation_bootstrap_port == 8998 and args.disable_cuda_graph
+    assert args.disaggregation_bootstrap_port == 8998 and args.disable_decode_cuda_graph
     assert launch.env == {TIME_SCALE_ENV: "0.05", "SGLANG_X": "1", FAULT_MODEL_ENV: "/tmp/faults.yaml"}
     assert launch.url == "http://127.0.0.1:8100"
 

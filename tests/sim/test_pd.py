@@ -79,7 +79,7 @@ def test_tool_calls_through_the_real_router(cluster):
     )
     shared = set(prefill_info["sim"]["recent_rooms"]) & set(decode_info["sim"]["recent_rooms"])
     assert len(shared) >= 3  # warm-up + the three requests above
-    assert decode_info["disaggregation_mode"] == "decode" and decode_info["cuda_graph_max_bs"] == 32
+    assert decode_info["disaggregation_mode"] == "decode" and decode_info["cuda_graph_max_bs_decode"] == 32
     assert decode_info["sim"]["effective_env"]["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] is False
     assert prefill_info["sim"]["effective_env"]["SGLANG_DSV4_BF16_INDEX_K"] is True
     assert prefill_info["enable_hierarchical_cache"] is True

@@ -21,7 +21,7 @@ from orchestrator.sim.launch import server_launch, wait_healthy
 from tests.conftest import free_port
 
 # a server with no fault rule matching: eager decode (the built-in model needs captured graphs)
-HEALTHY_ARGS = ("--disable-cuda-graph",)
+HEALTHY_ARGS = ("--disable-decode-cuda-graph",)
 
 
 @pytest.fixture
