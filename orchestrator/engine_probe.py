@@ -190,7 +190,9 @@ def main(request):
         if request.get("backends") and mode in ("prefill", "decode"):
             backends.add(getattr(namespace, "disaggregation_transfer_backend", None) or "mooncake")
     if request.get("env") or request.get("list_known"):
-        answer["env"], answer["env_scanned"], known = judge_env(request.get("env") or [], request.get("registry"))
+        answer["env"], answer["env_scanned"], known = judge_env(
+            request.get("env") or [], request.get("registry")
+        )
         if request.get("list_known"):
             answer["env_known"] = known
     answer["backends"] = {name: judge_backend(name) for name in sorted(backends)}
