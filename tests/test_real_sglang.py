@@ -170,8 +170,8 @@ def test_a_users_misspelled_variable_is_refused_with_the_name_it_meant(real_sgla
 
 
 def test_flags_and_version_against_the_real_parser(real_sglang_python, compose_cfg):
-    def problems(*overrides: str) -> list[str]:
-        plan = plan_of(
+    def plan(*overrides: str):
+        return plan_of(
             compose_cfg(
                 "deployment=sglang_dsv4",
                 "factor/index_k=stock",
@@ -182,17 +182,23 @@ def test_flags_and_version_against_the_real_parser(real_sglang_python, compose_c
                 *overrides,
             )
         )
-        local = LocalTransport()
-        return [message for _, message in check_arms([plan], {"prefill": local, "decode": local})[0]]
 
-    assert problems() == []
-    # 0.5.9's spelling: ambiguous in 0.5.23, named with the key that set it
-    (ambiguous,) = problems("++deployment.roles.decode.flags={--cuda-graph-max-bs: 16}")
+    plans = [
+        plan(),
+        # 0.5.9's spelling: ambiguous in 0.5.23, named with the key that set it
+        plan("++deployment.roles.decode.flags={--cuda-graph-max-bs: 16}"),
+        plan("++deployment.roles.decode.flags={--reasoning-parser: deepseek-v5}"),
+        plan("deployment.sglang_version='==0.5.17'"),
+    ]
+    local = LocalTransport()
+    found, _ = check_arms(plans, {"prefill": local, "decode": local})  # one probe for the four arms
+    problems = [[message for index, message in found if index == i] for i in range(len(plans))]
+    assert problems[0] == []
+    (ambiguous,) = problems[1]
     assert "--cuda-graph-max-bs-decode" in ambiguous and "deployment.roles.decode.flags" in ambiguous
-    (parser,) = problems("++deployment.roles.decode.flags={--reasoning-parser: deepseek-v5}")
+    (parser,) = problems[2]
     assert "--reasoning-parser" in parser and "deepseek-v4" in parser
-    wrong_version = problems("deployment.sglang_version='==0.5.17'")
-    assert len(wrong_version) == 2 and all("sglang==0.5.17" in p and "not 0.5.23" in p for p in wrong_version)
+    assert len(problems[3]) == 2 and all("sglang==0.5.17" in p and "not 0.5.23" in p for p in problems[3])
 
 
 def test_the_probe_says_what_each_factor_flag_means_on_the_real_server(real_sglang_python, compose_cfg):
