@@ -6,22 +6,9 @@ alpha) and the study's ICC (`analysis.between_runs`). Output: report.json's `min
 arms run under one deployment and workload (`conditions`, the baseline arm's) count, as the verdicts'.
 
 Method, and why:
-- **Each arm's state**, against the study's ceiling, the verdicts' definition of "corruption gone":
-  `clean` when its upper bound is under the ceiling, `corrupting` when its lower bound is over it,
-  else `undetermined`. Bounds are `stats.runs_interval` (beta-binomial, the restart-to-restart
-  variation in them) at Holm's step-down levels: the arms in order of how clearly they lie off the
-  ceiling get 1 - alpha/m, 1 - alpha/(m - 1), ..., m the arms with sessions, until one does not clear
-  its level (it and the rest stay undetermined), so every arm's state is right together with
-  probability >= 1 - alpha, and never fewer arms are classified than at Bonferroni's 1 - alpha/m.
-  A state can be wrong in one direction only (a rate under the ceiling misread as corrupting, or one
-  over it as clean), so with exact bounds the two-sided
-  interval would leave half of alpha unspent; that half absorbs the ICC being a plug-in estimate that
-  runs low: with every arm at the ceiling and a restart ICC of 0.02 or 0.1, some arm came out
-  corrupting in 3.2% and 3.0% of 500 simulated studies (tests/test_cause.py, with Bonferroni levels;
-  the null test passes with Holm's); with each bound one-sided at 1 - alpha/m instead, in 5.7% and
-  6.1% of 1,000, over alpha.
-  An undetermined arm gets the sessions that would likely classify it at its present rate
-  (`stats.sessions_to_exclude`, times its design effect) and the state its rate leans to.
+- **Each arm's state** is the study's one state for it (`analysis.states`: its beta-binomial interval
+  against the ceiling at the study's confidence, the same state the hypotheses' verdicts read). The
+  block does not judge arms itself, so it cannot disagree with them.
 - **Conjunctions**: a set C of {factor: level} (each factor once) such that every corrupting arm has
   all of C and no clean arm has all of C; undetermined arms constrain nothing. C lies within the
   levels every corrupting arm shares, and must miss, for each clean arm, one of those shared levels
@@ -50,17 +37,17 @@ Method, and why:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import stats
+from orchestrator.analysis.states import STATES, ArmState, Item, StatePolicy, arm_states
 from orchestrator.schema import StudyConf
 
-STATES = ("corrupting", "clean", "undetermined")
+__all__ = ["STATES", "VERDICTS", "ArmState", "minimal_cause"]
+
 VERDICTS = (
     "minimal cause found",
     "several conjunctions fit",
@@ -73,106 +60,6 @@ VERDICTS = (
 MAX_LISTED = 8
 # branching steps of the conjunction search before it gives up (no study's arms come near it)
 MAX_SEARCH_NODES = 200_000
-
-Item = tuple[str, str]  # (factor, level)
-
-
-@dataclass(frozen=True)
-class ArmState:
-    """One arm as the cause analysis sees it: its levels, its counts, its state against the ceiling."""
-
-    label: str
-    signature: str
-    factors: dict[str, str]
-    corrupted: int
-    n: int
-    design_effect: float
-    state: str
-    bounds: tuple[float, float] | None
-    # for an undetermined arm, the state its observed rate points to (None without sessions)
-    leaning: str | None
-    # sessions in all that would likely classify an undetermined arm (None: cannot say)
-    sessions_needed: int | None = None
-    # the confidence of `bounds` (Holm's step for this arm)
-    confidence: float | None = None
-
-    @property
-    def items(self) -> frozenset[Item]:
-        return frozenset(self.factors.items())
-
-    @property
-    def rate(self) -> float | None:
-        return self.corrupted / self.n if self.n else None
-
-    def counts(self) -> str:
-        return f"{self.corrupted}/{self.n}"
-
-
-# --- each arm's state ------------------------------------------------------------------------------
-
-
-def state_p(arm: Mapping[str, Any], icc: float, ceiling: float) -> float:
-    """The two-sided p of "this arm's rate is not the ceiling": the smallest 1 - confidence at which the
-    arm's interval (`stats.runs_interval`) excludes the ceiling (1 for an arm without sessions)."""
-    if not arm["n"]:
-        return 1.0
-    low, high = stats.runs_tails(arm["run_counts"], ceiling, icc)
-    return min(1.0, 2 * min(low, high))
-
-
-def holm_levels(ps: Sequence[float], alpha: float) -> list[tuple[float, bool]]:
-    """Per arm (in input order): the confidence its interval is judged at, and whether Holm's step-down
-    lets it be classified. Arms in order of p get 1 - alpha/m, 1 - alpha/(m - 1), ... while each one's
-    interval excludes the ceiling; from the first that does not, none is classified. Every classified
-    state is right together with probability >= 1 - alpha (Holm 1979), and never fewer arms are
-    classified than with Bonferroni's 1 - alpha/m for all."""
-    m = sum(1 for p in ps if p < 1.0) or 1
-    out: list[tuple[float, bool]] = [(1 - alpha / m, False)] * len(ps)
-    open_ = True
-    for step, i in enumerate(sorted(range(len(ps)), key=lambda j: ps[j])):
-        level = 1 - alpha / max(1, m - step)
-        open_ = open_ and ps[i] < 1 - level
-        out[i] = (level, open_)
-    return out
-
-
-def classify(arm: Mapping[str, Any], icc: float, ceiling: float, confidence: float) -> ArmState:
-    """An arm's state against the ceiling from its runs' bounds at `confidence` (two-sided)."""
-    n, k = int(arm["n"]), int(arm["corrupted"])
-    deff = float(arm.get("design_effect") or 1.0)
-    common = {
-        "label": arm["label"],
-        "signature": arm["signature"],
-        "factors": dict(arm["factors"]),
-        "corrupted": k,
-        "n": n,
-        "design_effect": deff,
-        "confidence": confidence,
-    }
-    if n == 0:
-        return ArmState(**common, state="undetermined", bounds=None, leaning=None)
-    lo, hi = stats.runs_interval(arm["run_counts"], icc, confidence)
-    if hi < ceiling:
-        return ArmState(**common, state="clean", bounds=(lo, hi), leaning="clean")
-    if lo > ceiling:
-        return ArmState(**common, state="corrupting", bounds=(lo, hi), leaning="corrupting")
-    rate = k / n
-    per = stats.sessions_to_exclude(rate, ceiling, confidence)
-    need = None if per is None else math.ceil(per * deff - 1e-9)
-    return ArmState(
-        **common,
-        state="undetermined",
-        bounds=(lo, hi),
-        leaning="clean" if rate < ceiling else "corrupting",
-        sessions_needed=need,
-    )
-
-
-def held(state: ArmState, classified: bool) -> ArmState:
-    """An arm Holm's step-down stopped before: undetermined, whatever its own interval says."""
-    if classified or state.state == "undetermined" or state.n == 0:
-        return state
-    return dataclasses.replace(state, state="undetermined", leaning=state.state)
 
 
 def in_scope(
@@ -575,8 +462,13 @@ def undetermined_line(arm: ArmState, removed: Sequence[Item], ceiling: float) ->
             f": the design cannot tell {text(removed)} needed (part of the cause) from "
             f"{text(removed)} a modulator (the rate moves, the corruption stays)"
         )
+    if arm.held_by:
+        return why + (
+            f"; its own bounds clear the ceiling, but the step-down over the arms stopped at {arm.held_by} "
+            "before it: more sessions there (or here) would classify it."
+        )
     if arm.sessions_needed is None:
-        return why + "; its rate sits at the ceiling: more sessions may never classify it."
+        return why + f"; its rate ({arm.counts()}) is the ceiling's: more sessions may never classify it."
     more = max(0, arm.sessions_needed - arm.n)
     return (
         why + f"; about {more} more sessions ({arm.sessions_needed} in all) would classify it at its present "
@@ -796,45 +688,43 @@ def minimal_cause(
     icc: float,
     conditions: Mapping[str, str] | None = None,
     design: str | None = None,
+    states: Mapping[str, ArmState] | None = None,
+    policy: StatePolicy | None = None,
 ) -> dict[str, Any]:
     """report.json's `minimal_cause` block (see the module doc), from the arms run under `conditions`
-    (default: the conditions with most sessions); `design`: the sweep's, for its limits."""
-    scoped = in_scope(arms, conditions)
-    m = sum(1 for a in scoped if a["n"])
-    levels = holm_levels([state_p(a, icc, spec.ceiling) for a in scoped], spec.alpha)
-    states = [
-        held(classify(a, icc, spec.ceiling, level), ok) for a, (level, ok) in zip(scoped, levels, strict=True)
-    ]
-    confidence = 1 - spec.alpha / max(1, m)  # the strictest step, the first arm's
-    corrupting = [a for a in states if a.state == "corrupting"]
-    undetermined = [a for a in states if a.state == "undetermined"]
-    found, complete = conjunctions(corrupting, [a for a in states if a.state == "clean"])
+    (default: the conditions with most sessions) and their one state each (`states`, by signature;
+    default: judged now under `policy`, the study's); `design`: the sweep's, for its limits."""
+    policy = policy or StatePolicy.of(spec.alpha)
+    in_conditions = in_scope(arms, conditions)
+    if states is None:
+        states = arm_states(in_conditions, icc, spec.ceiling, policy)
+    scoped = [states[a["signature"]] for a in in_conditions]
+    corrupting = [a for a in scoped if a.state == "corrupting"]
+    undetermined = [a for a in scoped if a.state == "undetermined"]
+    found, complete = conjunctions(corrupting, [a for a in scoped if a.state == "clean"])
     if found == [frozenset()] and undetermined:
         found = []  # "no level needed" only when every arm is classified: here nothing is shown needed
-    provisional = provisional_answer(states, found)
+    provisional = provisional_answer(scoped, found)
     verdict = overall_verdict(corrupting, undetermined, found, provisional)
     # the conjunctions the undetermined arms lean to: their limits and modulators are worth stating too
     leaned = [frozenset(c.items()) for c in provisional["conjunctions"] if c] if provisional else []
     mods: list[dict[str, Any]] = []
     for c in found or leaned:
-        mods += [x for x in modulators(c, states, spec.alpha, spec.baseline) if x not in mods]
-    factorial, effects = factorial_effects(states, spec.alpha, spec.baseline)
+        mods += [x for x in modulators(c, scoped, spec.alpha, spec.baseline) if x not in mods]
+    factorial, effects = factorial_effects(scoped, spec.alpha, spec.baseline)
     several = len(found) > 1
     return {
-        "confidence": 1 - spec.alpha,
-        "arm_confidence": confidence,
+        "confidence": policy.confidence,
+        "arm_confidence": 1 - policy.alpha / max(1, sum(1 for a in scoped if a.n)),
         "method": (
-            f"its beta-binomial interval against the ceiling {spec.ceiling:.0%}, at {confidence:.2%} for "
-            f"the clearest arm up to {1 - spec.alpha:.0%} for the last (Holm's step-down over the {m} arms "
-            f"with sessions: every state right together with probability >= {1 - spec.alpha:.0%}); a "
-            "conjunction: every corrupting arm has all of it, no clean arm has all of it; undetermined "
-            "arms constrain nothing"
+            "each arm's state as the study judges it (see the arm states); a conjunction: every corrupting "
+            "arm has all of it, no clean arm has all of it; undetermined arms constrain nothing"
         ),
         "ceiling": spec.ceiling,
-        "arms": [arm_entry(a) for a in states],
+        "arms": [arm_entry(a) for a in scoped],
         "conjunctions": [
             conjunction_entry(
-                c, states, several, sum(1 for a in undetermined if a.n), provisional is not None
+                c, scoped, several, sum(1 for a in undetermined if a.n), provisional is not None
             )
             for c in found
         ],
@@ -842,7 +732,7 @@ def minimal_cause(
         "modulators": mods,
         "factorial": factorial,
         "effects": effects,
-        "limits": block_limits(found, states, complete, spec, design, leaned),
+        "limits": block_limits(found, scoped, complete, spec, design, leaned),
         "verdict": verdict,
-        "summary": summary(verdict, found, states, mods, provisional, spec),
+        "summary": summary(verdict, found, scoped, mods, provisional, spec),
     }

@@ -70,8 +70,8 @@ from typing import Any
 import numpy as np
 from scipy.special import betaln
 
+from orchestrator.analysis.states import study_icc
 from orchestrator.plan import BASELINE_LABEL, arm_label
-from orchestrator.stats import dispersion
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
 COMPARISONS = ("reduction", "increase", "equivalence")  # the claims closed testing runs across hypotheses
@@ -470,8 +470,7 @@ def bench_arms(
 def plug_in_icc(arm_runs: Sequence[Sequence[Sequence[int]]], assumed: float) -> float:
     """The study's ICC from its arms' runs (as `analysis.between_runs` estimates it for a whole study),
     never below `assumed`: the ICC the e-values use at a look."""
-    found = dispersion(arm_runs)
-    return max(found.icc, assumed) if found.estimated else assumed
+    return study_icc(arm_runs, assumed).icc
 
 
 def icc_at(arms: Mapping[str, ArmRuns], round_index: int, assumed: float) -> float:

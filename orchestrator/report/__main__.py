@@ -1,4 +1,5 @@
-"""`python -m orchestrator.report`: rebuild a study's report from the MLflow store alone."""
+"""`python -m orchestrator.report`: rebuild a study's report from the MLflow store alone, or check
+report.json files for sections that contradict each other (`--check FILE...`, report/check.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m orchestrator.report", description="Rebuild a study's report from MLflow alone."
     )
     parser.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI")
-    parser.add_argument("--study", required=True, help="the study name (= the MLflow experiment)")
+    parser.add_argument("--study", help="the study name (= the MLflow experiment)")
+    parser.add_argument(
+        "--check",
+        nargs="+",
+        metavar="REPORT_JSON",
+        help="check these report.json files: every section must agree on each arm's state (exit 1 if not)",
+    )
     parser.add_argument("--out", default="reports", help="reports directory; the report goes to OUT/STUDY/")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
@@ -27,6 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resumed); the report says what it pooled",
     )
     args = parser.parse_args(argv)
+    if args.check:
+        from orchestrator.report.check import main as check
+
+        return check(args.check)
+    if not args.study:
+        parser.error("--study is required (or --check FILE...)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         paths = build_report(

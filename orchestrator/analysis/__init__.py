@@ -59,6 +59,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import cause, clusters, ddmin, decode_load, sequential, stats
+from orchestrator.analysis.states import (
+    ArmState,
+    StatePolicy,
+    arm_states,
+    ddmin_states,
+    scoped_arms,
+    sequential_states,
+    study_icc,
+)
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
@@ -309,11 +318,7 @@ def between_runs(runs: Sequence[RunRecord], spec: StudySpec) -> stats.Dispersion
     for r in runs:
         if run_used(r):
             by_id.setdefault(identity(r), []).append((r.corrupted, r.corrupted + r.clean))
-    found = stats.dispersion(list(by_id.values()))
-    assumed = float(getattr(spec, "assumed_icc", 0.0))
-    if found.estimated:
-        return stats.Dispersion(found.phi, found.df, max(found.icc, assumed), found.mean_run_size)
-    return stats.Dispersion(1.0, 0, assumed, 0.0)
+    return study_icc(list(by_id.values()), float(getattr(spec, "assumed_icc", 0.0)))
 
 
 def clusters_block(
@@ -402,12 +407,13 @@ def judge(
     spec: StudySpec,
     family_size: int,
     deff: tuple[float, float] = (1.0, 1.0),
-    treat_upper: float | None = None,
+    treat_state: ArmState | None = None,
 ) -> dict[str, Any]:
     """The verdict of one comparison, given its Holm-adjusted p (see the module doc). Counts are the
     arms' pooled sessions; `deff` their design effects (baseline, treatment), the interval of the
-    difference is computed on the effective counts; `treat_upper` is the treatment arm's upper bound
-    (`stats.runs_interval`; default: Clopper-Pearson of the effective counts)."""
+    difference is computed on the effective counts; `treat_state` is the treatment arm's one state
+    (`analysis.states`): "corruption gone" is that state being clean (default: Clopper-Pearson of the
+    effective counts under the ceiling)."""
     out: dict[str, Any] = {
         "verdict": "inconclusive",
         "note": "",
@@ -426,8 +432,12 @@ def judge(
     lo, hi = stats.newcombe_diff(kt_e, nt_e, kb_e, nb_e)
     significant = p_holm < spec.alpha
     if significant and p_t < p_b:
-        upper = stats.upper_bound(kt_e, nt_e) if treat_upper is None else treat_upper
-        if upper < spec.ceiling:
+        if treat_state is not None and treat_state.bounds:
+            upper, gone = treat_state.bounds[1], treat_state.state == "clean"
+        else:
+            upper = stats.upper_bound(kt_e, nt_e)
+            gone = upper < spec.ceiling
+        if gone:
             out["verdict"] = "implicated"
             out["note"] = (
                 f"corruption gone: {k_treat}/{n_treat}{eff}, upper bound {upper:.2%} "
@@ -471,9 +481,13 @@ def judge(
 
 
 def hypotheses(
-    arms: Sequence[dict[str, Any]], spec: StudySpec, conditions: Mapping[str, str] | None = None
+    arms: Sequence[dict[str, Any]],
+    spec: StudySpec,
+    conditions: Mapping[str, str] | None = None,
+    states: Mapping[str, ArmState] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per hypothesis: the two arms, their counts and effective counts, p, Holm, the verdict."""
+    """One row per hypothesis: the two arms, their counts and effective counts, p, Holm, the verdict.
+    `states`: the study's one state per arm (by signature), which "corruption gone" reads."""
     base_arm = find_arm(arms, spec.baseline, conditions=conditions)
     rows = []
     for h in spec.hypotheses:
@@ -519,8 +533,9 @@ def hypotheses(
         row["p_holm"] = p_holm
         kb, nb = row["baseline_counts"]
         kt, nt = row["treatment_counts"]
-        upper = next((a["upper_bound"] for a in arms if a["signature"] == row["treatment_arm"]), None)
-        row.update(judge(kb, nb, kt, nt, p_holm, spec, len(rows), tuple(row["design_effect"]), upper))
+        state = (states or {}).get(row["treatment_arm"] or "")
+        row["treatment_state"] = state.state if state else None
+        row.update(judge(kb, nb, kt, nt, p_holm, spec, len(rows), tuple(row["design_effect"]), state))
         if row["treatment_arm"] is None:
             row["note"] = f"no arm with {row['treatment_label']} and every other factor at baseline was run"
     return rows
@@ -722,7 +737,13 @@ def analyse(
     runs = sorted(runs, key=lambda r: (r.signature, r.repetition, r.run_id))
     between = between_runs(runs, spec)
     arms = pool_arms(runs, spec, between)
-    hyps = hypotheses(arms, spec, conditions)
+    # the study's one state per arm of today's deployment and workload (the baseline's conditions): every
+    # section below reads these (analysis/states.py)
+    policy = StatePolicy.of(spec.alpha)
+    base_arm = find_arm(arms, spec.baseline, conditions=conditions)
+    scope = cause.in_scope(arms, base_arm["conditions"] if base_arm else conditions)
+    states = arm_states(scope, between.icc, spec.ceiling, policy)
+    hyps = hypotheses(arms, spec, conditions, states)
     stopping = None
     if (context or {}).get("design") == "sequential":
         # looks taken along the way void the fixed-design p-values: the anytime-valid evidence decides
@@ -737,11 +758,19 @@ def analyse(
             else:
                 row["note"] = f"{decided['reason']}; {row['note']}" if row["note"] else decided["reason"]
             row["verdict"] = decided["verdict"]
+        # the design's own test of the ceiling judges the arms it decided: one state each, still
+        states = sequential_states(states, [(row["treatment_arm"], row["verdict"]) for row in hyps])
     tput = throughput(runs, arms, spec, conditions)
     deploy = choose_deploy(arms, hyps, tput)
     search = ddmin.report_block(spec, runs, run_used) if spec.ddmin.differences else None
     if search is not None:
         deploy = ddmin_deploy(search, arms, tput, spec)
+        states = ddmin_states(states, search["trials"], [d.id for d in spec.ddmin.differences])
+    for arm in arms:
+        arm["state"] = states[arm["signature"]].state if arm["signature"] in states else None
+    for row in hyps:
+        found = states.get(row["treatment_arm"] or "")
+        row["treatment_state"] = found.state if found else None
     # failed, interrupted, or with errored sessions (a server that died mid-workload): listed with why,
     # with their counts; only FINISHED runs with complete outcomes are pooled (`used`)
     problems = [
@@ -758,13 +787,14 @@ def analyse(
                 f"outcomes not pooled ({p['corrupted']} corrupted, {p['clean']} clean): "
                 "an interrupted run over-represents corrupted sessions"
             )
-    base_arm = find_arm(arms, spec.baseline, conditions=conditions)
     minimal = cause.minimal_cause(
         arms,
         spec,
         between.icc,
         conditions=base_arm["conditions"] if base_arm else conditions,
         design=(context or {}).get("design"),
+        states=states,
+        policy=policy,
     )
     for arm in arms:
         arm["rate"], arm["upper_bound"] = clean_float(arm["rate"]), clean_float(arm["upper_bound"])
@@ -777,6 +807,10 @@ def analyse(
         else headline(spec, arms, hyps, deploy, conditions),
         "confidence": stats.CONFIDENCE,
         "between_runs": between_summary(between),
+        "policy": policy.to_dict(
+            spec.ceiling, between.icc, scoped_arms(states), (context or {}).get("design")
+        ),
+        "arm_states": [states[a["signature"]].to_dict() for a in arms if a["signature"] in states],
         "arms": arms,
         "hypotheses": hyps,
         "throughput": tput,
