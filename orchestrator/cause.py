@@ -462,11 +462,6 @@ def undetermined_line(arm: ArmState, removed: Sequence[Item], ceiling: float) ->
             f": the design cannot tell {text(removed)} needed (part of the cause) from "
             f"{text(removed)} a modulator (the rate moves, the corruption stays)"
         )
-    if arm.held_by:
-        return why + (
-            f"; its own bounds clear the ceiling, but the step-down over the arms stopped at {arm.held_by} "
-            "before it: more sessions there (or here) would classify it."
-        )
     if arm.sessions_needed is None:
         return why + f"; its rate ({arm.counts()}) is the ceiling's: more sessions may never classify it."
     more = max(0, arm.sessions_needed - arm.n)
@@ -715,7 +710,7 @@ def minimal_cause(
     several = len(found) > 1
     return {
         "confidence": policy.confidence,
-        "arm_confidence": 1 - policy.alpha / max(1, sum(1 for a in scoped if a.n)),
+        "arm_confidence": policy.confidence,
         "method": (
             "each arm's state as the study judges it (see the arm states); a conjunction: every corrupting "
             "arm has all of it, no clean arm has all of it; undetermined arms constrain nothing"

@@ -118,7 +118,8 @@ def test_one_factor_at_a_time_gives_the_seeds_conjunction_with_its_limits():
     assert "assuming each factor acts alike" in limit
     assert block["summary"].startswith("Corruption needs capture=graph AND index_k=bf16 AND multi_stream=on")
     assert "hicache modulates it" in block["summary"]
-    assert block["confidence"] == 0.95 and block["arm_confidence"] == pytest.approx(0.99)
+    # the study's one state per arm, at the policy's 95% (analysis/states.py), the hypotheses' confidence
+    assert block["confidence"] == 0.95 and block["arm_confidence"] == pytest.approx(0.95)
 
 
 def test_a_two_by_two_factorial_finds_the_interaction_and_its_effect():
@@ -341,13 +342,18 @@ def test_monte_carlo_reports_exactly_the_true_conjunction(name, truth, expected,
 
 @pytest.mark.parametrize("icc,runs", [(0.02, 8), (0.1, 16)])
 def test_monte_carlo_null_reports_a_conjunction_at_most_alpha(icc, runs):
-    """No arm corrupting (every one at the ceiling, the boundary): a conjunction needs an arm classified
-    corrupting, which Bonferroni keeps under alpha for the whole study."""
+    """No arm corrupting (every one at the ceiling, the boundary): the block's conclusions stay under
+    alpha. Its arms are the study's states, each at 95% one arm at a time (analysis/states.py: the policy
+    the hypotheses judge "corruption gone" by), so some one of the five is misread more often, as
+    intervals at 95% each are (at most 2.5% an arm on the side that is wrong here, plus the ICC plug-in)."""
     blocks = simulated_blocks(NULL_TRUTH, icc, runs, 60, seed=7 + runs)
     reported = sum(bool(b["conjunctions"]) for b in blocks) / STUDIES
-    # stricter: the block's own claim, every arm's state right at once (none is over the ceiling)
+    found = sum(b["verdict"] == "minimal cause found" for b in blocks) / STUDIES
+    assert found <= reported <= SPEC.alpha, (icc, found, reported)
     misread = sum(any(a["state"] == "corrupting" for a in b["arms"]) for b in blocks) / STUDIES
-    assert reported <= misread <= SPEC.alpha, (icc, reported, misread)
+    arms = len(NULL_TRUTH)
+    assert misread <= 1 - (1 - 0.025) ** arms + 0.05, (icc, misread)  # ~12% for five arms, MC error
+    assert all(a["confidence"] == 1 - SPEC.alpha for b in blocks for a in b["arms"])
     json.dumps(blocks[0], allow_nan=False)
 
 

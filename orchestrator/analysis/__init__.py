@@ -64,7 +64,6 @@ from orchestrator.analysis.states import (
     StatePolicy,
     arm_states,
     ddmin_states,
-    scoped_arms,
     sequential_states,
     study_icc,
 )
@@ -807,9 +806,7 @@ def analyse(
         else headline(spec, arms, hyps, deploy, conditions),
         "confidence": stats.CONFIDENCE,
         "between_runs": between_summary(between),
-        "policy": policy.to_dict(
-            spec.ceiling, between.icc, scoped_arms(states), (context or {}).get("design")
-        ),
+        "policy": policy.to_dict(spec.ceiling, between.icc, (context or {}).get("design")),
         "arm_states": [states[a["signature"]].to_dict() for a in arms if a["signature"] in states],
         "arms": arms,
         "hypotheses": hyps,

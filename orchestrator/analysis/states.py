@@ -1,23 +1,28 @@
 """One state per arm per study, the only one: every section of a report reads it, none computes its own.
 
 An arm's state says where its corruption rate stands against the study's ceiling: `clean` (its interval
-is wholly under the ceiling), `corrupting` (wholly over it) or `undetermined` (the interval holds it, or
-the step-down stopped before it). The interval is the arm's beta-binomial interval from its runs
-(`stats.runs_interval`: sessions of one server start share a rate, restart to restart it varies with the
-study's ICC). The hypotheses ("implicated": corruption gone, the treatment arm clean), the minimal cause
-(corrupting and clean arms), the headline and the fix to deploy all read these states, so the same arm
-never gets two states, and arms with the same runs always get the same one.
+is wholly under the ceiling), `corrupting` (wholly over it) or `undetermined` (the interval holds it). The
+interval is the arm's beta-binomial interval from its runs (`stats.runs_interval`: sessions of one server
+start share a rate, restart to restart it varies with the study's ICC). The hypotheses ("implicated":
+corruption gone, the treatment arm clean), the minimal cause (its corrupting and clean arms), the arms
+table, the headline and the fix to deploy all read these states, so the same arm never gets two states,
+and arms with the same runs always get the same one.
 
-The study's one multiplicity policy (`StatePolicy`): every state right together with probability >=
-1 - alpha. Holm's step-down over the arms with sessions, in order of how clearly each lies off the
-ceiling (the two-sided p of its runs at the ceiling, `stats.runs_tails`): a group of arms with the same
-p (ties: the same runs) takes one step together, judged at the level of its first place,
-1 - alpha/(m - i); each arm of the group is classified when its interval at that level excludes the
-ceiling and no earlier group stopped the step-down. Where one fails, it and every later arm stay
-undetermined. The state and the bounds shown are the same computation, so a bound under the ceiling is
-never shown beside "undetermined" (the old per-section step-downs split ties and showed an arm's bound at
-one level while judging it at another). The hypotheses once judged "corruption gone" with each arm's own
-95% bound; now they read these states, so an arm called clean there is clean everywhere.
+The study's one multiplicity policy (`StatePolicy`), stated once in the report: each arm's interval at
+the study's confidence, 1 - alpha (95%), the confidence the hypotheses have always judged "corruption
+gone" at; the family of comparisons is Holm-adjusted across hypotheses (`stats.holm`), the states are
+not adjusted across arms. What the report concludes from several states at once is held to alpha by
+rehearsal instead: with every arm at the ceiling (the hardest null), the minimal cause named a
+conjunction in 1.4% and 2.8% of 500 studies (restart ICC 0.02 and 0.1) and called it found in 0.0% and
+0.6% (tests/test_cause.py). The alternatives were measured and refused: Holm's step-down across arms (the
+minimal cause's own, before) split ties and showed one arm at two confidences; any joint family costs
+a factor of m in the clean arms' confidence, and took the shipped dsv4 design (four starts) from the
+three fixes implicated in 98.6% of rehearsed studies to 74% (Hochberg's step-up) or 60% (Holm), and the
+GPU race's 0/120 arms from implicated to partial (orchestrator/analysis/consistency.py).
+
+A sequential study's anytime-valid decisions and a ddmin search's trials are their designs' own tests of
+the ceiling: the arms they decided take those verdicts (`sequential_states`, `ddmin_states`), still one
+state each.
 
 Also here, once: the ICC rule (`study_icc`): the restart-to-restart ICC estimated from runs grouped by
 arm, never below the study's `assumed_icc`, and the assumed value alone when nothing can be estimated.
@@ -56,7 +61,7 @@ class StatePolicy:
     section, headline included."""
 
     alpha: float
-    name: str = "holm"
+    name: str = "per-arm"
 
     @classmethod
     def of(cls, alpha: float) -> StatePolicy:
@@ -64,10 +69,9 @@ class StatePolicy:
 
     @property
     def confidence(self) -> float:
-        """The confidence that every state is right together."""
         return 1 - self.alpha
 
-    def describe(self, ceiling: float, icc: float, m: int, design: str | None = None) -> str:
+    def describe(self, ceiling: float, icc: float, design: str | None = None) -> str:
         by_design = {
             "sequential": (
                 "; a treatment arm whose hypothesis the sequential evidence decided takes that decision "
@@ -79,24 +83,20 @@ class StatePolicy:
             ),
         }
         return (
-            f"every arm's state against the ceiling {ceiling:.0%} right together with probability >= "
-            f"{self.confidence:.0%}: Holm's step-down over the {m} arms with sessions, each arm's "
-            f"beta-binomial interval (ICC {icc:.3f}) at {1 - self.alpha / max(1, m):.2%} for the clearest "
-            f"up to {self.confidence:.0%} for the last, arms with the same runs judged together; clean: "
-            f"wholly under the ceiling, corrupting: wholly over it, else undetermined. Every section reads "
-            f"these states"
+            f"each arm's state against the ceiling {ceiling:.0%} is its beta-binomial interval at "
+            f"{self.confidence:.0%} (restart ICC {icc:.3f}), one arm at a time: clean when wholly under the "
+            f"ceiling, corrupting when wholly over it, else undetermined. Every section reads these states"
         ) + by_design.get(design or "", "")
 
-    def to_dict(self, ceiling: float, icc: float, m: int, design: str | None = None) -> dict[str, Any]:
+    def to_dict(self, ceiling: float, icc: float, design: str | None = None) -> dict[str, Any]:
         return {
-            "design": design,
             "name": self.name,
+            "design": design,
             "alpha": self.alpha,
             "confidence": self.confidence,
             "ceiling": ceiling,
             "icc": icc,
-            "arms": m,
-            "text": self.describe(ceiling, icc, m, design),
+            "text": self.describe(ceiling, icc, design),
         }
 
 
@@ -116,10 +116,8 @@ class ArmState:
     leaning: str | None
     # sessions in all that would likely classify an undetermined arm (None: cannot say)
     sessions_needed: int | None = None
-    # the confidence of `bounds` (its Holm step's)
+    # the confidence of `bounds` (the policy's)
     confidence: float | None = None
-    # the arm at which the step-down stopped before this one (its own bounds may then clear the ceiling)
-    held_by: str | None = None
     # what judged it: "interval" (the step-down above), "sequential" (a sequential study's anytime-valid
     # decision on the hypothesis this arm is the treatment of), "ddmin" (the search's trial of this subset)
     source: str = "interval"
@@ -149,7 +147,6 @@ class ArmState:
             "confidence": self.confidence,
             "leaning": self.leaning,
             "sessions_needed": self.sessions_needed,
-            "held_by": self.held_by,
             "source": self.source,
         }
 
@@ -186,66 +183,21 @@ def classify(arm: Mapping[str, Any], icc: float, ceiling: float, confidence: flo
     )
 
 
-def state_p(arm: Mapping[str, Any], icc: float, ceiling: float) -> float:
-    """The two-sided p of "this arm's rate is the ceiling": the smallest 1 - confidence at which the
-    arm's interval (`stats.runs_interval`) excludes the ceiling (1 for an arm without sessions)."""
-    if not arm["n"]:
-        return 1.0
-    low, high = stats.runs_tails(arm["run_counts"], ceiling, icc)
-    return min(1.0, 2 * min(low, high))
-
-
-def step_levels(ps: Sequence[float], alpha: float) -> list[float]:
-    """Holm's level per arm (input order), ties taking one step together at their first place's level:
-    1 - alpha / (m - i), m the arms with p < 1."""
-    m = sum(1 for p in ps if p < 1.0) or 1
-    order = sorted(range(len(ps)), key=lambda j: ps[j])
-    levels = [1 - alpha / m] * len(ps)
-    first = 0
-    for place, j in enumerate(order):
-        if place and ps[j] != ps[order[place - 1]]:
-            first = place
-        levels[j] = 1 - alpha / max(1, m - first)
-    return levels
-
-
 def arm_states(
     arms: Sequence[Mapping[str, Any]], icc: float, ceiling: float, policy: StatePolicy
 ) -> dict[str, ArmState]:
     """signature -> the arm's one state under the study's policy (module doc)."""
-    ps = [state_p(a, icc, ceiling) for a in arms]
-    levels = step_levels(ps, policy.alpha)
-    judged = [classify(a, icc, ceiling, level) for a, level in zip(arms, levels, strict=True)]
-    # the step-down: groups in order of p; the first group with an arm its level cannot classify stops it
-    out: dict[str, ArmState] = {}
-    stopped_at: str | None = None
-    for p in sorted(set(ps)):
-        group = [i for i, q in enumerate(ps) if q == p]
-        for i in group:
-            state = judged[i]
-            if stopped_at and state.state != "undetermined" and state.n:
-                state = dataclasses.replace(
-                    state, state="undetermined", leaning=state.state, held_by=stopped_at
-                )
-            out[arms[i]["signature"]] = state
-        failed = [judged[i].label for i in group if judged[i].state == "undetermined"]
-        stopped_at = stopped_at or (failed[0] if failed else None)
-    return out
-
-
-def scoped_arms(states: Mapping[str, ArmState]) -> int:
-    """The arms with sessions: Holm's m."""
-    return sum(1 for s in states.values() if s.n)
+    return {a["signature"]: classify(a, icc, ceiling, policy.confidence) for a in arms}
 
 
 # --- the designs whose own tests judge some arms ----------------------------------------------------------
 
 
 def _judged(state: ArmState, verdict: str, source: str) -> ArmState:
-    if verdict == state.state:
-        return dataclasses.replace(state, source=source, held_by=None)
+    if verdict not in STATES:
+        verdict = "undetermined"  # a trial still running, or undecided at its budget
     leaning = state.leaning if verdict == "undetermined" else verdict
-    return dataclasses.replace(state, state=verdict, leaning=leaning, source=source, held_by=None)
+    return dataclasses.replace(state, state=verdict, leaning=leaning, source=source)
 
 
 def sequential_states(

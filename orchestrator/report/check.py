@@ -8,8 +8,8 @@ the study's one arm states say (`report.json`'s `arm_states`, analysis/states.py
   table, the minimal cause's arms and the hypotheses' treatment states repeat it (state, bounds,
   confidence);
 - ties: arms with the same runs have the same state and confidence;
-- a state and its bounds agree: "clean" is wholly under the ceiling, "corrupting" wholly over it, for an
-  arm judged by its interval; an undetermined arm whose bounds clear the ceiling says which arm held it;
+- a state and its bounds agree: "clean" is wholly under the ceiling, "corrupting" wholly over it,
+  "undetermined" across it, for an arm judged by its interval;
 - the hypotheses: "implicated" (corruption gone) only with the treatment arm clean; "partial" (reduced,
   not gone) never with it clean;
 - the headline: names exactly the implicated hypotheses, and its fix is an arm shown clean;
@@ -50,8 +50,8 @@ def _state_problems(states: Mapping[str, Mapping[str, Any]], ceiling: float) -> 
             )
         if s["state"] == "corrupting" and not lo > ceiling:
             out.append(f"arm {s['label']}: corrupting, but its lower bound {lo:.4f} is not over the ceiling")
-        if s["state"] == "undetermined" and (hi < ceiling or lo > ceiling) and not s.get("held_by"):
-            out.append(f"arm {s['label']}: undetermined, its bounds clear the ceiling, and no arm held it")
+        if s["state"] == "undetermined" and (hi < ceiling or lo > ceiling):
+            out.append(f"arm {s['label']}: undetermined, but its bounds clear the ceiling")
     return out
 
 
