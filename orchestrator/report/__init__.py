@@ -305,7 +305,11 @@ def minimal_cause_section(report: dict[str, Any]) -> list[str]:
         ]
         for a in block["arms"]
     ]
-    out += [f"Each arm's state, from {block['method']}:", "", *_table(head, rows)]
+    out += [
+        f"Each arm's state (the study's arm states, above), from {block['method']}:",
+        "",
+        *_table(head, rows),
+    ]
     for mod in block["modulators"]:
         (first, second), (lo, hi) = mod["arms"], mod["ci"]
         out.append(
@@ -361,6 +365,7 @@ def arms_section(report: dict[str, Any]) -> list[str]:
         "effective n",
         "errored",
         "captured/eager batches",
+        "state",
         "note",
     ]
     rows = [
@@ -376,6 +381,7 @@ def arms_section(report: dict[str, Any]) -> list[str]:
             num(a.get("effective_n"), ".0f"),
             a["errored"],
             _batches(a["facts"]),
+            a.get("state") or "–",
             "partial" if a["partial"] else "",
         ]
         for a in report["arms"]
@@ -388,6 +394,11 @@ def arms_section(report: dict[str, Any]) -> list[str]:
         f"corrupted session ends at its first bad turn). Errored sessions are counted apart and are not in "
         f"n. Intervals: {conf}, exact, widened for the restart-to-restart variation.",
         "",
+        *(
+            [f"Arm states, which every section reads: {report['policy']['text']}.", ""]
+            if report.get("policy")
+            else []
+        ),
         *_table(head, rows),
     ]
 
