@@ -610,8 +610,8 @@ def summary(
         (levels,) = found
         out = (
             f"Corruption needs {text(levels, ' AND ')}: the smallest conjunction of factor levels "
-            f"consistent with the {m} arms (every arm's state against the ceiling {spec.ceiling:.0%} right "
-            f"together with probability >= {1 - spec.alpha:.0%})"
+            f"consistent with the {m} arms (each arm's state against the ceiling {spec.ceiling:.0%} at "
+            f"{1 - spec.alpha:.0%}, as the hypotheses read it)"
         )
         for mod in mods:
             out += (

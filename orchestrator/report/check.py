@@ -162,7 +162,7 @@ def _ddmin_problems(block: Mapping[str, Any] | None, arms: Sequence[Mapping[str,
         sig = by_subset.get(frozenset(trial["subset"]))
         if sig is None:
             continue
-        said = trial["verdict"] or "undetermined"
+        said = trial["verdict"] if trial["verdict"] in ("clean", "corrupting") else "undetermined"
         if states[sig]["state"] != said:
             out.append(f"ddmin trial {trial['label']}: {said}, its arm's state is {states[sig]['state']}")
     return out
