@@ -712,8 +712,8 @@ def minimal_cause(
         "confidence": policy.confidence,
         "arm_confidence": policy.confidence,
         "method": (
-            "each arm's state as the study judges it (see the arm states); a conjunction: every corrupting "
-            "arm has all of it, no clean arm has all of it; undetermined arms constrain nothing"
+            "a conjunction: every corrupting arm has all of it, no clean arm has all of it; "
+            "undetermined arms constrain nothing"
         ),
         "ceiling": spec.ceiling,
         "arms": [arm_entry(a) for a in scoped],

@@ -74,6 +74,10 @@ from orchestrator.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-
 from orchestrator.schema import StudyConf as StudySpec
 from orchestrator.workload.detect import DEFAULT_COUNTED, FAMILIES
 
+# report.json's layout version (orchestrator/report/report.schema.json); 2: one state per arm (arm_states,
+# policy), read by every section
+SCHEMA_VERSION = 2
+
 VERDICTS = ("implicated", "partial", "exonerated", "inconclusive")
 POWER = 0.8
 N_BOOT = 2000
@@ -798,7 +802,7 @@ def analyse(
     for arm in arms:
         arm["rate"], arm["upper_bound"] = clean_float(arm["rate"]), clean_float(arm["upper_bound"])
     return {
-        "schema": 1,
+        "schema": SCHEMA_VERSION,
         "study": spec.to_dict(),
         "context": dict(context or {}),
         "headline": ddmin_headline(search, deploy)

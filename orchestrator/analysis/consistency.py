@@ -7,6 +7,8 @@ capture=graph AND multi_stream=on); the dsv4 study run sequentially (rounds thro
 5% of runs killed part-way); a ddmin search over 8 differences with a 2-culprit conjunction. Each study
 also tallies whether the hypotheses implicate every true fix and whether the minimal cause is found.
 
+Each report is also validated against report.json's JSON Schema (report/report.schema.json).
+
 Pure but for the random draws (seeded): `check_shape(name, studies, seed)`.
 """
 
@@ -22,7 +24,7 @@ from orchestrator import ddmin, rehearse
 from orchestrator.analysis import analyse
 from orchestrator.plan import arm_label
 from orchestrator.rehearse import ArmTruth
-from orchestrator.report.check import disagreements
+from orchestrator.report.check import disagreements, schema_problems
 from orchestrator.schema import Hypothesis, StoppingConf, StudyConf
 
 DSV4_BASELINE = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}
@@ -142,7 +144,7 @@ def check_shape(name: str, studies: int, seed: int = 0) -> dict[str, Any]:
     fixes = {h.id for h in spec.hypotheses if h.factor != "hicache"}
     for _ in range(studies):
         report = one(rng)
-        problems = disagreements(report)
+        problems = schema_problems(report) + disagreements(report)
         contradicting += bool(problems)
         found += problems[: max(0, 5 - len(found))]
         implicated = {r["id"] for r in report["hypotheses"] if r["verdict"] == "implicated"}

@@ -306,7 +306,7 @@ def minimal_cause_section(report: dict[str, Any]) -> list[str]:
         for a in block["arms"]
     ]
     out += [
-        f"Each arm's state (the study's arm states, above), from {block['method']}:",
+        f"Each arm's state (the study's arm states: see Arms for how they are judged); {block['method']}:",
         "",
         *_table(head, rows),
     ]

@@ -33,13 +33,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="count the arm runs of every sweep of the study (default: the latest sweep, and the runs it "
         "resumed); the report says what it pooled",
     )
+    parser.add_argument(
+        "--from-report",
+        type=Path,
+        metavar="REPORT_JSON",
+        help="judge this report.json's runs again with today's analysis (no MLflow store needed), into OUT",
+    )
     args = parser.parse_args(argv)
+    if args.from_report:
+        from orchestrator.report.rebuild import rebuild
+
+        paths = rebuild(args.from_report, Path(args.out), plots=not args.no_plots)
+        print(json.loads(paths[1].read_text())["headline"])
+        return 0
     if args.check:
         from orchestrator.report.check import main as check
 
         return check(args.check)
     if not args.study:
-        parser.error("--study is required (or --check FILE...)")
+        parser.error("--study is required (or --check FILE..., or --from-report FILE)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         paths = build_report(

@@ -24,9 +24,22 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 TOLERANCE = 1e-9
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+
+
+def schema_problems(report: Mapping[str, Any]) -> list[str]:
+    """Where report.json departs from its JSON Schema (report.schema.json), one line each."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    return [
+        f"schema: {'/'.join(str(p) for p in error.absolute_path) or '(top)'}: {error.message}"
+        for error in sorted(validator.iter_errors(report), key=lambda e: list(map(str, e.absolute_path)))
+    ]
 
 
 def _same_bounds(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
@@ -196,7 +209,8 @@ def main(paths: Sequence[str]) -> int:
     failed = 0
     for path in paths:
         with open(path) as f:
-            found = disagreements(json.load(f))
+            report = json.load(f)
+        found = schema_problems(report) or disagreements(report)
         for line in found:
             print(f"{path}: {line}")
         print(f"{path}: {'consistent' if not found else f'{len(found)} disagreement(s)'}")

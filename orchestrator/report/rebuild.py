@@ -1,0 +1,90 @@
+"""A report.json judged again by today's analysis, where its MLflow store is not at hand (a report
+committed from a GPU machine, whose store stayed there): the runs it lists are turned back into the run
+records the analysis reads, and `analysis.analyse` writes the report anew.
+
+    python -m orchestrator.report --from-report OLD/report.json --out DIR
+
+What a report.json keeps of a run is its counts, status and reason; of an arm, its config, facts and the
+throughput per level of its benched run. So the rebuild is exact for everything the verdicts read (the
+counts per run, the pooling, the arm states, the hypotheses, the minimal cause) and approximate for the
+throughput's per-request spread (each level's medians stand for its requests). A section appended to the
+old report.md by another tool (the GPU section of orchestrator/gpu/report.py: `## GPU decode`) is kept.
+
+Pure but for `rebuild`, which reads and writes files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.analysis import LevelSample, RunRecord, StudySpec, analyse
+
+# sections other tools append to report.md, kept as they were
+APPENDED = ("## GPU decode",)
+
+
+def _bench(arm: Mapping[str, Any]) -> tuple[LevelSample, ...]:
+    return tuple(
+        LevelSample(
+            concurrency=int(level["concurrency"]),
+            tok_s=float(level["tok_s"]),
+            ttft_p50_s=float(level.get("ttft_p50_s") or float("nan")),
+            ttft_p99_s=float(level.get("ttft_p99_s") or float("nan")),
+            itl_p50_s=float(level.get("itl_p50_s") or float("nan")),
+            itl_p99_s=float(level.get("itl_p99_s") or float("nan")),
+            errors=int(level.get("errors") or 0),
+        )
+        for level in arm.get("throughput") or []
+    )
+
+
+def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
+    """The runs a report.json lists, as the analysis reads runs (module doc for what is approximate)."""
+    records = []
+    for arm in report["arms"]:
+        finished = [r for r in arm["runs"] if r["status"] == "FINISHED"]
+        benched = finished[0]["run_id"] if finished and arm.get("throughput") else None
+        first_used = next((r["run_id"] for r in arm["runs"] if r.get("used")), None)
+        for run in arm["runs"]:
+            records.append(
+                RunRecord(
+                    run_id=run["run_id"],
+                    status=run["status"],
+                    signature=arm.get("deployment_signature") or arm["signature"],
+                    repetition=int(run["repetition"]),
+                    factors=dict(arm["factors"]),
+                    outcomes=run["outcomes"],
+                    clean=int(run["clean"]),
+                    corrupted=int(run["corrupted"]),
+                    errored=int(run["errored"]),
+                    planned=int(run.get("planned") or 0),
+                    reason=run.get("reason") or "",
+                    client_bound=bool(arm.get("client_bound")) and run["run_id"] == benched,
+                    bench=_bench(arm) if run["run_id"] == benched else (),
+                    config=dict(arm.get("config") or {}),
+                    facts=dict(arm.get("facts") or {}) if run["run_id"] == first_used else {},
+                    conditions=dict(arm.get("conditions") or {}),
+                )
+            )
+    return records
+
+
+def rebuild(old: Path, out_dir: Path, plots: bool = True) -> list[Path]:
+    """Write `out_dir`/<study>/report.md and report.json from `old` judged by today's analysis."""
+    from orchestrator.report import write_report
+
+    report = json.loads(old.read_text())
+    old_md = old.with_name("report.md")
+    text = old_md.read_text() if old_md.exists() else ""  # read first: the rebuild may overwrite it
+    kept = min((text.index(h) for h in APPENDED if h in text), default=None)
+    spec = StudySpec.from_dict(report["study"])
+    context = dict(report.get("context") or {})
+    fresh = analyse(spec, records_from_report(report), context, conditions=context.get("conditions") or None)
+    paths = write_report(fresh, out_dir, plots)
+    if kept is not None:
+        with paths[0].open("a") as fh:
+            fh.write("\n" + text[kept:])
+    return paths
