@@ -42,7 +42,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator import stats
-from orchestrator.analysis.states import study_icc
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 UNKNOWN = "unknown"
@@ -219,7 +218,7 @@ def cluster_icc(
     cells = [c["run_counts"] for a in arms for c in a["cells"].values()]
     found = stats.dispersion(cells)
     if found.estimated:
-        icc = study_icc(cells, assumed).icc
+        icc = stats.study_icc(cells, assumed).icc
         note = (
             f"restart-to-restart ICC estimated within each arm's runs on one cluster: dispersion "
             f"{found.phi:.2f} on {_df(found.df)}, ICC {found.icc:.3f}"

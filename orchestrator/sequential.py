@@ -70,8 +70,8 @@ from typing import Any
 import numpy as np
 from scipy.special import betaln
 
-from orchestrator.analysis.states import study_icc
 from orchestrator.plan import BASELINE_LABEL, arm_label
+from orchestrator.stats import study_icc
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
 COMPARISONS = ("reduction", "increase", "equivalence")  # the claims closed testing runs across hypotheses

@@ -524,3 +524,14 @@ def bootstrap_ratio_runs(
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _percentile_interval(ts / bs, confidence)
     return Ratio(point, lo, hi, "runs")
+
+
+def study_icc(groups: Sequence[Sequence[Sequence[int]]], assumed: float) -> Dispersion:
+    """The ICC rule, the one every part of the analysis uses (the study's, the sequential looks', the
+    cluster check's): the between-run dispersion of `groups` (each one arm's, or one cell's, runs as
+    [corrupted, sessions]), its ICC floored at `assumed`; `assumed` alone (0 degrees of freedom) when no
+    group has two runs with corruption to estimate it from."""
+    found = dispersion([list(g) for g in groups])
+    if found.estimated:
+        return Dispersion(found.phi, found.df, max(found.icc, assumed), found.mean_run_size)
+    return Dispersion(1.0, 0, assumed, 0.0)

@@ -65,7 +65,6 @@ from orchestrator.analysis.states import (
     arm_states,
     ddmin_states,
     sequential_states,
-    study_icc,
 )
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
@@ -321,7 +320,7 @@ def between_runs(runs: Sequence[RunRecord], spec: StudySpec) -> stats.Dispersion
     for r in runs:
         if run_used(r):
             by_id.setdefault(identity(r), []).append((r.corrupted, r.corrupted + r.clean))
-    return study_icc(list(by_id.values()), float(getattr(spec, "assumed_icc", 0.0)))
+    return stats.study_icc(list(by_id.values()), float(getattr(spec, "assumed_icc", 0.0)))
 
 
 def clusters_block(

@@ -24,8 +24,7 @@ A sequential study's anytime-valid decisions and a ddmin search's trials are the
 the ceiling: the arms they decided take those verdicts (`sequential_states`, `ddmin_states`), still one
 state each.
 
-Also here, once: the ICC rule (`study_icc`): the restart-to-restart ICC estimated from runs grouped by
-arm, never below the study's `assumed_icc`, and the assumed value alone when nothing can be estimated.
+The ICC every interval here uses comes from the one ICC rule, `stats.study_icc`.
 
 Pure.
 """
@@ -43,16 +42,6 @@ from orchestrator import stats
 STATES = ("corrupting", "clean", "undetermined")
 
 Item = tuple[str, str]  # (factor, level)
-
-
-def study_icc(groups: Sequence[Sequence[Sequence[int]]], assumed: float) -> stats.Dispersion:
-    """The ICC rule: the between-run dispersion of `groups` (each one arm's, or one cell's, runs as
-    [corrupted, sessions]), its ICC floored at `assumed`; `assumed` alone (0 degrees of freedom) when no
-    group has two runs with corruption to estimate it from."""
-    found = stats.dispersion([list(g) for g in groups])
-    if found.estimated:
-        return stats.Dispersion(found.phi, found.df, max(found.icc, assumed), found.mean_run_size)
-    return stats.Dispersion(1.0, 0, assumed, 0.0)
 
 
 @dataclass(frozen=True)
