@@ -10,6 +10,8 @@ import os
 import random
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -207,8 +209,6 @@ REAL_SGLANG_DEFAULT = (
 @functools.cache
 def _real_sglang_python() -> tuple[str | None, str]:
     """(interpreter, '') of the real sglang installed for CPU checks, or (None, why not)."""
-    import subprocess
-
     python = os.environ.get("HEISENHUNT_SGLANG_PYTHON") or str(REAL_SGLANG_DEFAULT)
     if not Path(python).exists():
         return None, f"no real sglang interpreter at {python} (scripts/sglang-cpu.sh installs it)"
@@ -230,3 +230,52 @@ def real_sglang_python() -> str:
             pytest.fail(f"HEISENHUNT_REQUIRE_REAL_SGLANG=1, but {why}")
         pytest.skip(why)
     return python
+
+
+# --- preflight_only runs, and a user's factor level with a misspelled variable ------------------------
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on a loopback port."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def preflight_only(tmp_path: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m orchestrator -m ... preflight_only=true` on a local cluster under tmp_path; asserts that
+    nothing was started or written: no server listening, no work dir, no MLflow store, no report."""
+    cluster = local_cluster_overrides(tmp_path)
+    argv = [
+        sys.executable, "-m", "orchestrator", "-m", *cluster, "preflight_only=true",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
+        f"hydra.sweep.dir={tmp_path}/multirun", *overrides,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    ports = [int(o.split("=")[1]) for o in cluster if o.split("=")[0].endswith("port")]
+    assert not any(listening(port) for port in ports)
+    assert not any((tmp_path / role).exists() for role in ("prefill", "decode", "router"))
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "reports").exists()
+    return proc
+
+
+TYPO = "SGLANG_OPT_USE_MULTISTREAM_OVERLAP"  # SGLANG_OPT_USE_MULTI_STREAM_OVERLAP, misspelled
+
+
+def typo_level(tmp_path: Path) -> tuple[str, Path]:
+    """A user's level factor/multi_stream=typo setting `TYPO` on decode, in a searchpath folder of their
+    own: (the hydra.searchpath override, the level's file)."""
+    folder = tmp_path / "mine" / "factor" / "multi_stream"
+    folder.mkdir(parents=True)
+    path = folder / "typo.yaml"
+    path.write_text(f'level: typo\nroles:\n  decode: {{env: {{{TYPO}: "0"}}}}\n')
+    return f"hydra.searchpath=[file://{tmp_path / 'mine'}]", path
+
+
+def typo_refusal(proc: subprocess.CompletedProcess, path: Path) -> str:
+    """The refusal line of `TYPO`, checked for what every host's refusal names."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    refusal = next(line for line in out.splitlines() if f"{TYPO} is read nowhere" in line)
+    assert f"factor.multi_stream (level typo).roles.decode.env in {path}" in refusal
+    assert "Nearest names this build reads: SGLANG_OPT_USE_MULTI_STREAM_OVERLAP" in refusal
+    return refusal

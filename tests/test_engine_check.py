@@ -6,10 +6,8 @@ decode overrides one, as real sglang's argument resolution sometimes does)."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 from mlflow.tracking import MlflowClient
 
@@ -18,7 +16,7 @@ from orchestrator.config import load_job
 from orchestrator.preflight import confirm_server_args, judge_role
 from orchestrator.remote.local import LocalTransport
 from orchestrator.tracking import ArmTracker
-from tests.conftest import local_cluster_overrides, plan_of
+from tests.conftest import listening, plan_of, preflight_only, typo_level, typo_refusal
 
 SMALL = ("workload.sessions=4", "workload.rounds=2", "bench.enabled=false")
 INDEX_K = "SGLANG_DSV4_BF16_INDEX_K"
@@ -124,28 +122,8 @@ def test_the_running_servers_view_confirms_each_flag_a_factor_set(compose_cfg):
     assert problems == [] and len(notes) == 2 and "no /server_info" in notes[1]
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cluster = local_cluster_overrides(tmp_path)
-    argv = [
-        sys.executable, "-m", "orchestrator", "-m", *cluster, "preflight_only=true",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
-        f"hydra.sweep.dir={tmp_path}/multirun", *overrides,
-    ]  # fmt: skip
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    ports = [int(o.split("=")[1]) for o in cluster if o.split("=")[0].endswith("port")]
-    assert not any(_listening(port) for port in ports)
-    assert not any((tmp_path / role).exists() for role in ("prefill", "decode", "router"))
-    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "reports").exists()
-    return proc
-
-
 def test_preflight_only_checks_every_arm_on_its_hosts_and_starts_nothing(tmp_path):
-    proc = _run(tmp_path, "+experiment=dsv4_corruption")
+    proc = preflight_only(tmp_path, "+experiment=dsv4_corruption", timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "preflight of study dsv4_corruption (ofat): 5 arm(s) of 20 job(s) accepted by their hosts" in out
@@ -154,58 +132,44 @@ def test_preflight_only_checks_every_arm_on_its_hosts_and_starts_nothing(tmp_pat
 
 def test_a_misspelled_variable_is_refused_on_the_embedded_default_too(tmp_path):
     """The simulator's registry: its own names and real sglang's (orchestrator/sim/envs.py)."""
-    folder = tmp_path / "mine" / "factor" / "multi_stream"
-    folder.mkdir(parents=True)
-    (folder / "typo.yaml").write_text(
-        'level: typo\nroles:\n  decode: {env: {SGLANG_OPT_USE_MULTISTREAM_OVERLAP: "0"}}\n'
-    )
-    proc = _run(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'mine'}]", "factor/multi_stream=on,typo")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    refusal = next(
-        line for line in out.splitlines() if "SGLANG_OPT_USE_MULTISTREAM_OVERLAP is read nowhere" in line
-    )
-    assert f"factor.multi_stream (level typo).roles.decode.env in {folder / 'typo.yaml'}" in refusal
-    assert "orchestrator.sim.envs:READ_NAMES" in refusal
-    assert "Nearest names this build reads: SGLANG_OPT_USE_MULTI_STREAM_OVERLAP" in refusal
+    searchpath, path = typo_level(tmp_path)
+    proc = preflight_only(tmp_path, searchpath, "factor/multi_stream=on,typo", timeout=180)
+    assert "orchestrator.sim.envs:READ_NAMES" in typo_refusal(proc, path)
+
+
+def _one_arm(compose_cfg, tmp_path: Path, *overrides: str) -> tuple[ArmStart, dict, Any]:
+    """One arm of the quick study run on the embedded default: (its start, its summary, its MLflow run)."""
+    job = load_job(compose_cfg(*overrides, *SMALL))
+    start = prepare(job, finished=set())
+    assert isinstance(start, ArmStart)
+    tracker = ArmTracker.start(job.tracking, job.study, start.plan, start.repetition, None)
+    transports = {r: LocalTransport() for r in start.plan.roles}
+    summary = run_arm(start, transports, tracker, StressThenBench(0), tmp_path / "job")
+    return start, summary, MlflowClient(job.tracking.uri).get_run(tracker.run_id)
 
 
 def test_an_arm_whose_server_did_not_take_a_factors_flag_fails(compose_cfg, tmp_path):
     """The decode's argument resolution turns graphs back on (the sim's HEISENHUNT_SIM_OVERRIDE_ARGS): the
     capture=eager arm would measure graphs, so it fails, saying which flag and factor, before any session."""
     override = json.dumps({"disable_decode_cuda_graph": False})
-    job = load_job(
-        compose_cfg(
-            "factor/capture=eager",
-            *SMALL,
-            f"++deployment.roles.decode.env.HEISENHUNT_SIM_OVERRIDE_ARGS='{override}'",
-        )
-    )
-    start = prepare(job, finished=set())
-    assert isinstance(start, ArmStart)
-    tracker = ArmTracker.start(job.tracking, job.study, start.plan, start.repetition, None)
-    summary = run_arm(
-        start, {r: LocalTransport() for r in start.plan.roles}, tracker, StressThenBench(0), tmp_path / "job"
+    start, summary, run = _one_arm(
+        compose_cfg,
+        tmp_path,
+        "factor/capture=eager",
+        f"++deployment.roles.decode.env.HEISENHUNT_SIM_OVERRIDE_ARGS='{override}'",
     )
     assert summary["status"] == "FAILED"
-    run = MlflowClient(job.tracking.uri).get_run(tracker.run_id)
     reason = run.data.tags.get("failure_reason") or json.dumps(run.data.tags)
     assert "the running server has disable_decode_cuda_graph=False" in reason, reason
     assert "factor.capture (level eager)" in reason
     assert "sessions_clean" not in run.data.metrics  # no session ran on the wrong server
-    assert not any(_listening(p) for rp in start.plan.roles.values() for p in rp.host.ports().values())
+    assert not any(listening(p) for rp in start.plan.roles.values() for p in rp.host.ports().values())
 
 
 def test_an_arm_whose_servers_took_every_flag_records_what_was_confirmed(compose_cfg, tmp_path):
-    job = load_job(compose_cfg("factor/capture=eager", "factor/multi_stream=off", *SMALL))
-    start = prepare(job, finished=set())
-    assert isinstance(start, ArmStart)
-    tracker = ArmTracker.start(job.tracking, job.study, start.plan, start.repetition, None)
-    summary = run_arm(
-        start, {r: LocalTransport() for r in start.plan.roles}, tracker, StressThenBench(0), tmp_path / "job"
-    )
+    _, summary, run = _one_arm(compose_cfg, tmp_path, "factor/capture=eager", "factor/multi_stream=off")
     assert summary["status"] == "FINISHED"
-    tags = MlflowClient(job.tracking.uri).get_run(tracker.run_id).data.tags
+    tags = run.data.tags
     assert tags["provenance.decode.args_checked"] == "--disable-decode-cuda-graph"
     assert tags["provenance.decode.args_unconfirmed"] == ""
     assert "provenance.prefill.args_checked" in tags  # HiCache's two flags (the quick study's baseline)

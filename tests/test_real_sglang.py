@@ -14,16 +14,13 @@ so these never skip there.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 from orchestrator.preflight import SGLANG_PARSER, check_arms, engine_env_names, run_probe, split_launch
 from orchestrator.remote.local import LocalTransport
 from orchestrator.schema import SERVER_ROLES
 from orchestrator.sim import envs as sim_envs
-from tests.conftest import REAL_SGLANG_VERSION, local_cluster_overrides, plan_of
+from tests.conftest import REAL_SGLANG_VERSION, plan_of, preflight_only, typo_level, typo_refusal
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = sorted(p.stem for p in (REPO / "conf" / "deployment").glob("*.yaml"))
@@ -102,26 +99,10 @@ def test_the_simulators_list_of_names_sglang_reads_is_the_real_packages(real_sgl
     assert set(sim_envs.ENV_VARS) - real == {"SGLANG_DSV4_BF16_INDEX_K"}
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _preflight(tmp_path: Path, python: str, *overrides: str) -> subprocess.CompletedProcess:
-    cluster = local_cluster_overrides(tmp_path)
-    argv = [
-        sys.executable, "-m", "orchestrator", "-m", *cluster, "deployment=sglang_dsv4", "preflight_only=true",
-        f"++cluster.hosts.prefill.python={python}", f"++cluster.hosts.decode.python={python}",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
-        f"hydra.sweep.dir={tmp_path}/multirun", *overrides,
-    ]  # fmt: skip
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    # nothing started or written: no server, no work dir, no MLflow store, no report
-    ports = [int(o.split("=")[1]) for o in cluster if o.split("=")[0].endswith("port")]
-    assert not any(_listening(port) for port in ports)
-    assert not any((tmp_path / role).exists() for role in ("prefill", "decode", "router"))
-    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "reports").exists()
-    return proc
+def _preflight(tmp_path: Path, python: str, *overrides: str):
+    """preflight_only with sglang_dsv4, both server roles on the real sglang's python."""
+    pythons = [f"++cluster.hosts.prefill.python={python}", f"++cluster.hosts.decode.python={python}"]
+    return preflight_only(tmp_path, "deployment=sglang_dsv4", *pythons, *overrides)
 
 
 def test_the_dsv4_study_on_real_sglang_is_refused_naming_the_unread_variable(real_sglang_python, tmp_path):
@@ -147,26 +128,11 @@ def test_the_stock_study_passes_the_real_parser_and_registry(real_sglang_python,
 
 
 def test_a_users_misspelled_variable_is_refused_with_the_name_it_meant(real_sglang_python, tmp_path):
-    folder = tmp_path / "mine" / "factor" / "multi_stream"
-    folder.mkdir(parents=True)
-    (folder / "typo.yaml").write_text(
-        'level: typo\nroles:\n  decode: {env: {SGLANG_OPT_USE_MULTISTREAM_OVERLAP: "0"}}\n'
-    )
+    searchpath, path = typo_level(tmp_path)
     proc = _preflight(
-        tmp_path,
-        real_sglang_python,
-        f"hydra.searchpath=[file://{tmp_path / 'mine'}]",
-        "factor/multi_stream=on,typo",
-        "factor/index_k=stock",
+        tmp_path, real_sglang_python, searchpath, "factor/multi_stream=on,typo", "factor/index_k=stock"
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    refusal = next(
-        line for line in out.splitlines() if "SGLANG_OPT_USE_MULTISTREAM_OVERLAP is read nowhere" in line
-    )
-    assert f"factor.multi_stream (level typo).roles.decode.env in {folder / 'typo.yaml'}" in refusal
-    assert "Nearest names this build reads: SGLANG_OPT_USE_MULTI_STREAM_OVERLAP" in refusal
-    assert "Fix the name" in refusal
+    assert "Fix the name" in typo_refusal(proc, path)
 
 
 def test_flags_and_version_against_the_real_parser(real_sglang_python, compose_cfg):
