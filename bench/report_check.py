@@ -22,7 +22,8 @@ def main(studies: int = 2000, seed: int = 0) -> int:
         r = check_shape(name, studies, seed)
         bad += r["contradicting"]
         print(
-            f"| {name} | {studies} | {r['contradicting']} | {r['all_fixes_implicated']:.1%} | "
+            f"| {name} | {studies} | {r['contradicting']} | "
+            f"{'–' if r['all_fixes_implicated'] is None else format(r['all_fixes_implicated'], '.1%')} | "
             f"{r['minimal_cause_found']:.1%} | {time.perf_counter() - started:.0f} |",
             flush=True,
         )

@@ -2,8 +2,8 @@
 checked by `report.check.disagreements`: a report must never contradict itself, whatever the draws.
 
 Shapes (`SHAPES`): the dsv4 study (5 arms x 4 starts x 60, the built-in model's rates, restart ICC 0.02);
-the GPU race (6 arms x 2 starts x 60, the H200's rates, 4% ceiling); a 2x2 factorial (the conjunction
-capture=graph AND multi_stream=on); the dsv4 study run sequentially (rounds through `sequential.next_round`,
+the GPU race (6 arms x 2 starts x 60, the H200's rates and restart ICC 0, 4% ceiling); a 2x2 factorial
+(the conjunction capture=graph AND multi_stream=on); the dsv4 study run sequentially (rounds through `sequential.next_round`,
 5% of runs killed part-way); a ddmin search over 8 differences with a 2-culprit conjunction. Each study
 also tallies whether the hypotheses implicate every true fix and whether the minimal cause is found.
 
@@ -64,7 +64,8 @@ def gpu_race() -> tuple[StudyConf, Callable]:
     # the H200's counts (reports/gpu_race): 41/120, 40/120 with HiCache off, 3/120 with fp8 index keys
     rates = {"baseline": 0.342, "hicache=off": 0.333, "index_k=fp8": 0.025, "capture=eager": 0.0}
     rates |= {"multi_stream=off": 0.0, "indexer_fix=record_stream": 0.0}
-    return spec, _fixed(spec, _truths(spec, rates, 0.02), 2, 60)
+    # the H200's runs showed no more spread between starts than chance (estimated ICC 0.000)
+    return spec, _fixed(spec, _truths(spec, rates, 0.0), 2, 60)
 
 
 def factorial() -> tuple[StudyConf, Callable]:
@@ -125,6 +126,14 @@ def ddmin_search() -> tuple[StudyConf, Callable]:
     return spec, one
 
 
+# per shape, the factors whose treatment level has no corruption in its truth
+ZERO_FIXES = {
+    "dsv4 (4 starts)": ("capture", "index_k", "multi_stream"),
+    "gpu_race (2 starts x 60)": ("capture", "multi_stream", "indexer_fix"),
+    "2x2 factorial": ("capture", "multi_stream"),
+    "sequential dsv4": ("capture", "index_k", "multi_stream"),
+}
+
 SHAPES: dict[str, Callable[[], tuple[StudyConf, Callable]]] = {
     "dsv4 (4 starts)": dsv4,
     "gpu_race (2 starts x 60)": gpu_race,
@@ -141,7 +150,8 @@ def check_shape(name: str, studies: int, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     found: list[str] = []
     contradicting = implicated_all = cause_found = 0
-    fixes = {h.id for h in spec.hypotheses if h.factor != "hicache"}
+    # the true fixes: the hypotheses whose treatment arm has no corruption in the shape's truth
+    fixes = {h.id for h in spec.hypotheses if h.factor in ZERO_FIXES.get(name, ())}
     for _ in range(studies):
         report = one(rng)
         problems = schema_problems(report) + disagreements(report)
@@ -155,6 +165,6 @@ def check_shape(name: str, studies: int, seed: int = 0) -> dict[str, Any]:
         "studies": studies,
         "contradicting": contradicting,
         "examples": found,
-        "all_fixes_implicated": implicated_all / studies,
+        "all_fixes_implicated": implicated_all / studies if fixes else None,
         "minimal_cause_found": cause_found / studies,
     }
