@@ -4,8 +4,9 @@ checked by `report.check.disagreements`: a report must never contradict itself, 
 Shapes (`SHAPES`): the dsv4 study (5 arms x 4 starts x 60, the built-in model's rates, restart ICC 0.02);
 the GPU race (6 arms x 2 starts x 60, the H200's rates and restart ICC 0, 4% ceiling); a 2x2 factorial
 (the conjunction capture=graph AND multi_stream=on); the dsv4 study run sequentially (rounds through
-`sequential.next_round`, 5% of runs killed part-way); a ddmin search over 8 differences with a 2-culprit conjunction. Each study
-also tallies whether the hypotheses implicate every true fix and whether the minimal cause is found.
+`sequential.next_round`, 5% of runs killed part-way); a ddmin search over 8 differences with a 2-culprit
+conjunction. Each study also tallies whether the hypotheses implicate every true fix and whether the
+minimal cause is found.
 
 Each report is also validated against report.json's JSON Schema (report/report.schema.json).
 
