@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import analysis, ddmin, sequential
-from orchestrator.analysis import VERDICTS, RunRecord, StudySpec
+from orchestrator import analysis
+from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, ddmin, sequential
 
 DEFAULT_STUDIES = 2000
 DEFAULT_SEED = 0

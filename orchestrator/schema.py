@@ -213,7 +213,7 @@ class StoppingConf:
     max_runs_per_arm: int = 6
     # the most sessions the whole study spends (null: no cap beyond max_runs_per_arm)
     max_sessions: int | None = None
-    # stop an arm early when no verdict can be reached within its budget (orchestrator/sequential.py)
+    # stop an arm early when no verdict can be reached within its budget (orchestrator/analysis/sequential.py)
     futility: bool = True
 
 
@@ -232,7 +232,7 @@ class Difference:
 @dataclass
 class DdminConf:
     """`hydra.sweeper.design=ddmin`: the differences between the good configuration (the job's
-    deployment and factor levels) and the bad one (all of them applied); orchestrator/ddmin.py."""
+    deployment and factor levels) and the bad one (all of them applied); orchestrator/analysis/ddmin.py."""
 
     differences: list[Difference] = field(default_factory=list)
 

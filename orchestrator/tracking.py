@@ -56,12 +56,12 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator import decode_load
 from orchestrator.analysis import LevelSample, RunRecord
-from orchestrator.clusters import placement_of
+from orchestrator.analysis.clusters import placement_of
+from orchestrator.analysis.stats import clopper_pearson
 from orchestrator.plan import ArmPlan, arm_label, flag_words
 from orchestrator.redact import redact_env, redact_text
 from orchestrator.results import BenchResult, LogFacts, StressSummary
 from orchestrator.schema import StudyConf, TrackingConf
-from orchestrator.stats import clopper_pearson
 from orchestrator.workload.bench import bench_to_dict
 from orchestrator.workload.detect import FAMILIES
 

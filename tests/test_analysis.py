@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator import stats
 from orchestrator.analysis import (
     HypothesisSpec,
     LevelSample,
@@ -18,6 +17,7 @@ from orchestrator.analysis import (
     arm_label,
     judge,
     pool_arms,
+    stats,
 )
 from orchestrator.report import render_markdown
 

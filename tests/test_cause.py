@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator import analysis, cause, stats
-from orchestrator.analysis import RunRecord, StudySpec
+from orchestrator import analysis
+from orchestrator.analysis import RunRecord, StudySpec, cause, stats
 from orchestrator.rehearse import ArmTruth, draw_counts, study_runs
 from orchestrator.report import dumps, render_markdown
 from orchestrator.schema import Hypothesis

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestrator import analysis, clusters, stats
-from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label
+from orchestrator import analysis
+from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, clusters, stats
 from orchestrator.report import clusters_section, dumps, duration, render_markdown
 
 BASE = {"hicache": "on", "multi_stream": "on"}

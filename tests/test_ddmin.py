@@ -1,6 +1,6 @@
-"""Delta debugging with a noisy oracle (orchestrator/ddmin.py), tested by simulation through the same pure
-code that judges real runs: `ddmin.next_round` (what the sweeper calls) on runs drawn beta-binomially
-per server start, with killed runs, and `ddmin.report_block` (what the report shows)."""
+"""Delta debugging with a noisy oracle (orchestrator/analysis/ddmin.py), tested by simulation through the
+same pure code that judges real runs: `ddmin.next_round` (what the sweeper calls) on runs drawn
+beta-binomially per server start, with killed runs, and `ddmin.report_block` (what the report shows)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from orchestrator import ddmin
-from orchestrator.analysis import RunRecord, run_used
+from orchestrator.analysis import RunRecord, ddmin, run_used
 from orchestrator.rehearse import ArmTruth, ddmin_study, true_minimal
 from orchestrator.schema import StudyConf
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from orchestrator import analysis, sequential
+from orchestrator import analysis
+from orchestrator.analysis import sequential
 from orchestrator.rehearse import (
     ArmTruth,
     rehearse_sequential,

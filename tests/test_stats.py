@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestrator import stats
+from orchestrator.analysis import stats
 
 
 @pytest.mark.parametrize("k,n", [(0, 10), (1, 10), (27, 180), (9, 60), (60, 60), (3, 1000)])

@@ -6,14 +6,14 @@ non-baseline level with every other factor at its baseline level (`study.baselin
 (e.g. `repetition`) still multiply. 4 two-level factors give 5 arms instead of 16.
 
 `design: ddmin` searches `study.ddmin.differences` (what the bad configuration adds to the good one) for a
-1-minimal subset that still corrupts, in rounds as the sequential design (orchestrator/ddmin.py): each
-round runs the subset the search needs a verdict for next, and the search is replayed from the runs in
-the tracking store.
+1-minimal subset that still corrupts, in rounds as the sequential design (orchestrator/analysis/ddmin.py):
+each round runs the subset the search needs a verdict for next, and the search is replayed from the runs
+in the tracking store.
 
 `design: sequential` runs the ofat arms in rounds, the way Hydra's Ax and Optuna sweepers do: round r
 launches, through the configured launcher, one job per arm still needed at `repetition=r`; then the
 evidence is read back from the tracking store (the same runs the report reads, so a resumed study sees
-what it skipped) and `orchestrator.sequential.next_round` says which arms the next round needs, until
+what it skipped) and `orchestrator.analysis.sequential.next_round` says which arms the next round needs, until
 every hypothesis is decided or `study.stopping` is spent. A swept `repetition` is ignored: rounds set it.
 
 Before the first job starts, every job's config is composed, typed and planned, and every distinct arm
@@ -115,7 +115,9 @@ class StudySweeper(BasicSweeper):
         params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
         if searching:
             if not self.study.ddmin.differences:
-                raise HydraException("design=ddmin needs study.ddmin.differences (see orchestrator/ddmin.py)")
+                raise HydraException(
+                    "design=ddmin needs study.ddmin.differences (see orchestrator/analysis/ddmin.py)"
+                )
             self._ddmin_base = ddmin_base(choices_of(parser.parse_overrides(params_conf))) + extra
         if design in ("ofat", "sequential"):
             choices = choices_of(parser.parse_overrides(params_conf))
@@ -157,8 +159,7 @@ class StudySweeper(BasicSweeper):
         import math
         import os
 
-        from orchestrator import ddmin
-        from orchestrator.analysis import run_used
+        from orchestrator.analysis import ddmin, run_used
         from orchestrator.tracking import PARENT_ENV, load_study
 
         assert self.config is not None and self._ddmin_base is not None
@@ -207,8 +208,7 @@ class StudySweeper(BasicSweeper):
         the round's evidence to the terminal and to the parent run (a metric per claim, step = round)."""
         import os
 
-        from orchestrator import sequential
-        from orchestrator.analysis import run_used
+        from orchestrator.analysis import run_used, sequential
         from orchestrator.plan import BASELINE_LABEL
         from orchestrator.tracking import PARENT_ENV, load_study, log_look
 

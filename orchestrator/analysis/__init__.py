@@ -58,7 +58,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import cause, clusters, ddmin, decode_load, sequential, stats
+from orchestrator import decode_load
+from orchestrator.analysis import cause, clusters, ddmin, sequential, stats
 from orchestrator.analysis.states import (
     ArmState,
     StatePolicy,

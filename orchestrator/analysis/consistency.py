@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import ddmin, rehearse
-from orchestrator.analysis import analyse
+from orchestrator import rehearse
+from orchestrator.analysis import analyse, ddmin
 from orchestrator.plan import arm_label
 from orchestrator.rehearse import ArmTruth
 from orchestrator.report.check import disagreements, schema_problems

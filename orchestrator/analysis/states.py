@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import stats
+from orchestrator.analysis import stats
 
 STATES = ("corrupting", "clean", "undetermined")
 

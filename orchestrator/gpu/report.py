@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.stats import design_effect, dispersion
+from orchestrator.analysis.stats import design_effect, dispersion
 
 SEED_LINE = re.compile(r"GPU decode engine on .*\bseed (\d+)")
 # a start's log folder: <study>-<signature>-r<repetition>, then (since every start logs apart) its run id
@@ -83,7 +83,7 @@ def bucket_labels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def variation(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Between-start variation of the session corruption rate, by the study's own estimator
-    (orchestrator.stats.dispersion, pooled over arms with two or more runs and some corruption)."""
+    (orchestrator.analysis.stats.dispersion, pooled over arms with two or more runs and some corruption)."""
     arms: dict[str, list[tuple[int, int]]] = {}
     for r in rows:
         arms.setdefault(r["arm"], []).append((r["corrupted"], r["n"]))
@@ -187,7 +187,7 @@ def render_section(
     out.append("")
     if var["estimated"]:
         out.append(
-            f"Pooled over the arms with corruption (orchestrator.stats.dispersion): dispersion phi "
+            f"Pooled over the arms with corruption (orchestrator.analysis.stats.dispersion): dispersion phi "
             f"{var['phi']:.2f} on {var['df']} df, restart ICC {var['icc']:.3f}, design effect "
             f"{var['design_effect']:.2f} at {var['mean_run_size']:.0f} sessions per start."
         )

@@ -70,8 +70,8 @@ from typing import Any
 import numpy as np
 from scipy.special import betaln
 
+from orchestrator.analysis.stats import study_icc
 from orchestrator.plan import BASELINE_LABEL, arm_label
-from orchestrator.stats import study_icc
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
 COMPARISONS = ("reduction", "increase", "equivalence")  # the claims closed testing runs across hypotheses
@@ -586,7 +586,7 @@ def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
     return {
         "method": (
             "e-values by universal inference on beta-binomial runs, closed across hypotheses "
-            "(orchestrator/sequential.py)"
+            "(orchestrator/analysis/sequential.py)"
         ),
         "thresholds": {"comparison": th.comparison, "ceiling": th.ceiling},
         "max_runs_per_arm": spec.stopping.max_runs_per_arm,

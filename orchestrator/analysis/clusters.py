@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator import stats
+from orchestrator.analysis import stats
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 UNKNOWN = "unknown"

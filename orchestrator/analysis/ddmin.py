@@ -43,8 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.analysis.sequential import Evidence, evidence, plug_in_icc
 from orchestrator.plan import BAD, GOOD, difference_label
-from orchestrator.sequential import Evidence, evidence, plug_in_icc
 
 CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
 
@@ -344,7 +344,7 @@ def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
         "method": (
             "adaptive group testing (QuickXplain, then ddmin's 1-minimal check), each subset judged by "
             "anytime-valid e-values against the ceiling on beta-binomial runs; the j-th subset at "
-            "alpha / (j (j + 1)) (orchestrator/ddmin.py)"
+            "alpha / (j (j + 1)) (orchestrator/analysis/ddmin.py)"
         ),
         "differences": [
             {"id": d.id, "description": d.description, "sets": difference_settings(d)}

@@ -55,7 +55,7 @@ ones, D = 1 + (m - 1) rho (the design effect). Method, and why:
   `contrast_interval`, Price & Bonett's adjusted Wald interval, on effective counts; it adds 2/m
   successes and 4/m trials to each of the m rates, which keeps its coverage where rates are 0 or near.
 - **Throughput ratio**: see `bootstrap_ratio_requests` / `bootstrap_ratio_runs`.
-- **One arm's rate on two clusters** (`runs_split_test`, for `orchestrator/clusters.py`): Fisher's
+- **One arm's rate on two clusters** (`runs_split_test`, for `orchestrator/analysis/clusters.py`): Fisher's
   exact test generalised to the runs model. Given the arm's total corrupted K, the probability of each
   split of K between the clusters' runs, each run beta-binomial with the pooled rate K / N and the
   ICC; the p-value sums the splits as or less likely than the one seen (scipy's two-sided definition).

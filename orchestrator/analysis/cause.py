@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from orchestrator import stats
+from orchestrator.analysis import stats
 from orchestrator.analysis.states import STATES, ArmState, Item, StatePolicy, arm_states
 from orchestrator.schema import StudyConf
 
