@@ -450,6 +450,9 @@ def judge(
             out["verdict"] = "partial"
             if k_treat:
                 out["note"] = f"significant reduction, but corruption remains: {k_treat}/{n_treat}"
+                if treat_state is not None:
+                    bound = f"upper bound {upper:.2%}, ceiling {spec.ceiling:.0%}"
+                    out["note"] += f" (arm {treat_state.state}: {bound})"
             else:
                 need = math.ceil(stats.sessions_for_ceiling(spec.ceiling) * deff[1] - 1e-9)
                 out["note"] = (
