@@ -218,7 +218,7 @@ def cluster_icc(
     cells = [c["run_counts"] for a in arms for c in a["cells"].values()]
     found = stats.dispersion(cells)
     if found.estimated:
-        icc = stats.study_icc(cells, assumed).icc
+        icc = stats.floored(found, assumed).icc
         note = (
             f"restart-to-restart ICC estimated within each arm's runs on one cluster: dispersion "
             f"{found.phi:.2f} on {_df(found.df)}, ICC {found.icc:.3f}"

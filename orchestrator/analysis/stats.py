@@ -531,7 +531,11 @@ def study_icc(groups: Sequence[Sequence[Sequence[int]]], assumed: float) -> Disp
     cluster check's): the between-run dispersion of `groups` (each one arm's, or one cell's, runs as
     [corrupted, sessions]), its ICC floored at `assumed`; `assumed` alone (0 degrees of freedom) when no
     group has two runs with corruption to estimate it from."""
-    found = dispersion([list(g) for g in groups])
+    return floored(dispersion([list(g) for g in groups]), assumed)
+
+
+def floored(found: Dispersion, assumed: float) -> Dispersion:
+    """`study_icc` on a dispersion already estimated (a caller that also reports the raw estimate)."""
     if found.estimated:
         return Dispersion(found.phi, found.df, max(found.icc, assumed), found.mean_run_size)
     return Dispersion(1.0, 0, assumed, 0.0)
