@@ -5,7 +5,6 @@ sglang-router). No Hydra app, no orchestrator subprocess."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -14,13 +13,9 @@ from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_ar
 from orchestrator.config import load_job
 from orchestrator.remote.local import LocalTransport
 from orchestrator.tracking import CORRUPTED, ArmTracker
+from tests.conftest import listening
 
 SMALL = ("workload.sessions=6", "workload.rounds=2", "bench.enabled=false")
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_prepare_plans_the_arm_and_skips_it_only_on_resume_of_a_finished_run(compose_cfg):
@@ -63,7 +58,7 @@ def test_run_arm_runs_a_whole_arm_with_a_local_transport_and_a_sqlite_tracker(co
     assert (tmp_path / "job" / "server_logs" / "decode.log").is_file()
     for role, rp in start.plan.roles.items():
         assert not (tmp_path / role / f"{role}.pid").exists()
-        assert not any(_listening(port) for port in rp.host.ports().values())
+        assert not any(listening(port) for port in rp.host.ports().values())
 
 
 def test_two_runs_of_one_arm_each_parse_only_their_own_server_start(compose_cfg, tmp_path):

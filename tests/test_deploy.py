@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 from orchestrator.deploy import DeployError, Deployment
 from orchestrator.plan import ArmPlan
 from orchestrator.remote.local import LocalTransport
-from tests.conftest import plan_of
+from tests.conftest import listening, plan_of
 
 ROLES = ("prefill", "decode", "router")
 
@@ -47,11 +46,6 @@ def _deployment(cfg, plan, label="run1"):
     return Deployment(plan, transports, run_label=label)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture
 def deployments():
     made: list[Deployment] = []
@@ -70,7 +64,7 @@ def test_co_restart_replaces_every_server_of_an_earlier_run_and_teardown_leaves_
     first.co_restart()
     old = dict(first.started)
     assert set(old) == set(ROLES)
-    assert all(_listening(int(cfg.cluster.hosts[r].port)) for r in ROLES)
+    assert all(listening(int(cfg.cluster.hosts[r].port)) for r in ROLES)
     assert list(first.startup_s) == ["prefill", "decode", "router"]
 
     # a new run (as after a crash: it knows nothing but the pid files) stops the old servers first
@@ -84,7 +78,7 @@ def test_co_restart_replaces_every_server_of_an_earlier_run_and_teardown_leaves_
 
     second.stop_all()
     assert not any(t.group_alive(pid) for pid in [*new.values(), *old.values()])
-    assert not any(_listening(int(cfg.cluster.hosts[r].port)) for r in ROLES)
+    assert not any(listening(int(cfg.cluster.hosts[r].port)) for r in ROLES)
     assert not any(os.path.exists(f"{cfg.cluster.hosts[r].work_dir}/{r}.pid") for r in ROLES)
 
 
@@ -101,7 +95,7 @@ def test_a_server_that_dies_at_start_fails_fast_with_its_log_tail_and_later_role
     assert err.value.role == "decode"
     assert "unrecognized arguments: --no-such-flag" in str(err.value)
     assert "router" not in d.started
-    assert not _listening(int(cfg.cluster.hosts.router.port))
+    assert not listening(int(cfg.cluster.hosts.router.port))
 
 
 def test_health_gate_times_out_naming_the_url(compose_cfg, deployments):
@@ -132,7 +126,7 @@ def test_a_foreign_listener_on_a_role_port_is_reported_not_killed(compose_cfg, d
     )
     try:
         deadline = time.monotonic() + 10
-        while not _listening(port) and time.monotonic() < deadline:
+        while not listening(port) and time.monotonic() < deadline:
             time.sleep(0.05)
         d = _deployment(cfg, _plan(cfg))
         deployments.append(d)
