@@ -26,7 +26,7 @@ from orchestrator.decode_load import DecodeLoad, DecodeLoadMonitor, planned_conc
 from orchestrator.deploy import DeployError, Deployment, http_get
 from orchestrator.lease import Holder, LeaseHeld, cluster_leases, held
 from orchestrator.observe import parse_decode_log
-from orchestrator.plan import ArmPlan, arm_label, plan_arm
+from orchestrator.plan import ArmPlan, arm_label, plan_arm, server_url
 from orchestrator.preflight import (
     Expected,
     PreflightError,
@@ -190,9 +190,8 @@ class StressThenBench:
 def decode_load_monitor(plan: ArmPlan) -> DecodeLoadMonitor:
     """A started poller of the decode's `/metrics` for this arm's stress run (orchestrator.decode_load),
     against the sessions the workload runs at once."""
-    host = plan.roles["decode"].host
     w = plan.workload
-    url = f"http://{host.url_host}:{host.port}/metrics"
+    url = server_url(plan.roles["decode"].host) + "/metrics"
     return DecodeLoadMonitor(url, planned_concurrency(w.sessions, w.concurrency or None)).start()
 
 
@@ -374,7 +373,7 @@ def confirm_running_args(
     server did not take fails the arm (DeployError), since the arm would not test what it is labelled
     with. What could not be confirmed is logged and recorded (`provenance.<role>.args_unconfirmed`)."""
     infos = {
-        role: fetch(f"http://{plan.roles[role].host.url_host}:{plan.roles[role].host.port}")
+        role: fetch(server_url(plan.roles[role].host))
         for role, flags in expected.items()
         if flags
     }

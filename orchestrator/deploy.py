@@ -3,7 +3,10 @@
 Never restart decode alone against a running prefill: in PD the bootstrap state goes stale. So every
 arm stops everything (router, decode, prefill — including servers an earlier crashed run left behind,
 found through pid files in each host's work dir, never by process name), then starts prefill and
-decode together, gated on their health endpoints, then the router, then sends one request end to end.
+decode together (or prefill first, then decode, where `deployment.sequential_start` says they share a
+GPU), gated on their health endpoints, then the router, gated on its health and on its `/workers`
+listing both servers (sglang-router answers 503 "No available servers" until its background
+registration has probed them: ~18 s on real sglang 0.5.17), then sends one request end to end.
 
 Hosts are reached only through the Transport interface, so the same code drives the local embedded
 default and an SSH cluster.
@@ -20,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.plan import ArmPlan, RolePlan
+from orchestrator.plan import ArmPlan, RolePlan, server_url
 from orchestrator.redact import redact_text
 from orchestrator.remote.base import Transport
 from orchestrator.schema import ROLES, SERVER_ROLES
@@ -30,6 +33,37 @@ log = logging.getLogger(__name__)
 START_ORDER = ("prefill", "decode", "router")
 STOP_ORDER = ("router", "decode", "prefill")
 LOG_TAIL_BYTES = 6000
+# the router's list of the workers it has registered (sglang-router 0.3: {"workers": [{"url", "worker_type",
+# "is_healthy", ...}], ...})
+ROUTER_WORKERS_PATH = "/workers"
+
+
+def server_start_groups(sequential: bool) -> tuple[tuple[str, ...], ...]:
+    """The server roles in start order, each group started at once and health-gated before the next:
+    prefill and decode together, or (sequential, where they share a GPU) prefill and then decode."""
+    return tuple((role,) for role in SERVER_ROLES) if sequential else (tuple(SERVER_ROLES),)
+
+
+def router_waiting_for(workers_body: str, servers: Mapping[str, str]) -> list[str]:
+    """The servers (role -> base URL) that a router's `/workers` answer does not yet list as registered
+    and healthy, as "role URL" ([] once all are). An answer that is not the expected JSON counts as
+    listing none. Pure."""
+    try:
+        listed = json.loads(workers_body).get("workers")
+    except (json.JSONDecodeError, AttributeError):
+        listed = None
+    workers = [w for w in listed if isinstance(w, dict)] if isinstance(listed, list) else []
+    missing = []
+    for role, url in servers.items():
+        registered = any(
+            str(w.get("url", "")).rstrip("/") == url.rstrip("/")
+            and w.get("worker_type", role) == role
+            and w.get("is_healthy", True) is not False
+            for w in workers
+        )
+        if not registered:
+            missing.append(f"{role} {url}")
+    return missing
 
 
 class DeployError(RuntimeError):
@@ -171,12 +205,11 @@ class Deployment:
         while pending:
             for role, t0 in list(pending.items()):
                 plan = self.plan.roles[role]
-                status, body = http_get(plan.health_url, timeout=5.0)
-                if status == 200:
+                ready, last[role] = self.ready(role)
+                if ready:
                     healthy[role] = time.monotonic() - t0
                     del pending[role]
                     continue
-                last[role] = f"HTTP {status}: {body[:200]}" if status else body
                 if self.transports[role].group_alive(self.started[role]):
                     gone_once.discard(role)
                 elif role in gone_once:
@@ -193,6 +226,22 @@ class Deployment:
             if pending:
                 time.sleep(poll_s)
         return healthy
+
+    def ready(self, role: str) -> tuple[bool, str]:
+        """(ready, what was seen otherwise): the role's health URL answers 200; the router's, and its
+        `/workers` lists this arm's prefill and decode as registered and healthy."""
+        status, body = http_get(self.plan.roles[role].health_url, timeout=5.0)
+        if status != 200:
+            return False, f"HTTP {status}: {body[:200]}" if status else body
+        if role != "router":
+            return True, ""
+        url = self.plan.router_url + ROUTER_WORKERS_PATH
+        status, body = http_get(url, timeout=5.0, limit=1 << 20)
+        if status == 404:  # a router without the list: its health is all there is to wait for
+            return True, ""
+        servers = {r: server_url(self.plan.roles[r].host) for r in SERVER_ROLES}
+        missing = router_waiting_for(body, servers) if status == 200 else [f"{url}: HTTP {status}"]
+        return not missing, f"healthy, but has not registered {', '.join(missing)} yet" if missing else ""
 
     def log_tail(self, role: str) -> str:
         text = self.transports[role].read_text_tail(self.paths(role).log, LOG_TAIL_BYTES)
@@ -256,11 +305,12 @@ class Deployment:
 
     def co_restart(self) -> None:
         """Stop all roles; start prefill and decode together (PD servers pair up per request through
-        the bootstrap server, not at start-up), health-gate both, then the router, which probes its
-        workers as it starts; then warm up."""
+        the bootstrap server, not at start-up; one after the other where they share a GPU), health-gate
+        them, then the router, gated until it has registered both; then warm up."""
         self.stop_all()
         self.check_ports_free()
-        self.start_together(SERVER_ROLES)
+        for group in server_start_groups(self.plan.sequential_start):
+            self.start_together(group)
         self.start_role("router")
         if self.plan.warmup:
             self.warm_up()

@@ -77,6 +77,8 @@ class ArmPlan:
     served_model: str = ""
     stop_grace_s: float = 20.0
     warmup: bool = True
+    # prefill healthy before decode starts (deployment.sequential_start)
+    sequential_start: bool = False
     workload: StressConf = field(default_factory=StressConf)
     bench: BenchConf = field(default_factory=BenchConf)
     deployment: str = ""
@@ -227,10 +229,14 @@ def signature(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]], 
     return hashlib.sha256(blob.encode()).hexdigest()[:SIGNATURE_LENGTH]
 
 
+def server_url(host: HostConf) -> str:
+    """The base URL other hosts (the router, the client) reach a role's server at."""
+    return f"http://{host.url_host}:{host.port}"
+
+
 def topology_flags(role: str, hosts: ClusterHosts, model_path: str) -> dict[str, Any]:
     """The flags that place a role on its host and wire PD together (derived from the cluster)."""
-    prefill_url = f"http://{hosts.prefill.url_host}:{hosts.prefill.port}"
-    decode_url = f"http://{hosts.decode.url_host}:{hosts.decode.port}"
+    prefill_url, decode_url = server_url(hosts.prefill), server_url(hosts.decode)
     if role == "router":
         flags: dict[str, Any] = {
             "--pd-disaggregation": None,
@@ -315,6 +321,7 @@ def plan_arm(job: JobConf) -> ArmPlan:
         served_model=deployment.served_model,
         stop_grace_s=float(deployment.stop_grace_s),
         warmup=bool(deployment.warmup),
+        sequential_start=bool(deployment.sequential_start),
         workload=job.workload,
         bench=job.bench,
         deployment=deployment.name,

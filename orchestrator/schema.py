@@ -158,6 +158,10 @@ class DeploymentConf:
     stop_grace_s: float = 20.0
     # one chat request through the router after the health gate
     warmup: bool = True
+    # start prefill, wait until it is healthy, then start decode. Set it where the two share a GPU:
+    # started at the same moment, each sizes its KV cache from the memory it finds free, and one start
+    # in three failed for it (sglang 0.5.17, prefill and decode on one H200). false: both at once
+    sequential_start: bool = False
     # the sglang versions this deployment's flags and env vars are written for (a PEP 440 specifier,
     # e.g. "==0.5.23"); a host with another version, or none, is refused. null: not an sglang deployment
     sglang_version: str | None = None

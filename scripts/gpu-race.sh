@@ -27,47 +27,21 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$SCRIPT_DIR/.." && pwd) # here: the checkout; on the device: the snapshot (.gpu-run/tree)
+# PLATFORM, site_pack, snapshot, check_carry, device_facts
+. "$SCRIPT_DIR/lib/carry.sh"
 RUN=$ROOT/.gpu-run
 WHEELS=$ROOT/.gpu-wheels
 WHEEL_LIST=${WHEEL_LIST:-/work/shared/gpu-probes/wheels-for-the-gpu-machine.txt}
-PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
-  --platform manylinux1_x86_64)
 STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-480}
 EXPERIMENT=${EXPERIMENT:-gpu_race} # or gpu_race_restarts (its study name is the experiment's name)
 
 prepare() {
   local commit=${1:-HEAD}
-  mkdir -p "$RUN" "$WHEELS/whl"
-  if [ ! -s "$RUN/site.tar.xz" ]; then
-    # NAME==VERSION from the wheel file names; antlr4 is built from its sdist
-    awk -F- '{print $1"=="$2}' "$WHEEL_LIST" | grep -v '^antlr4' >"$WHEELS/requirements.txt"
-    python3 -m pip download -q --no-deps "${PLATFORM[@]}" -d "$WHEELS/whl" -r "$WHEELS/requirements.txt"
-    (cd "$WHEELS/whl" && python3 -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3)
-    rm -rf "$WHEELS/site-gpu"
-    python3 -m pip install -q --no-deps --no-index --target "$WHEELS/site-gpu" "${PLATFORM[@]}" "$WHEELS"/whl/*.whl
-    strip --strip-unneeded "$WHEELS"/site-gpu/sglang_router/sglang_router_rs*.so
-    rm -rf "$WHEELS/site-gpu/mlflow/server/js"
-    find "$WHEELS/site-gpu" -name __pycache__ -prune -exec rm -rf {} +
-    tar -C "$WHEELS" -cJf "$RUN/site.tar.xz" site-gpu
-  fi
-  rm -rf "$RUN/tree"
-  mkdir -p "$RUN/tree"
-  git -C "$ROOT" archive "$commit" | tar -x -C "$RUN/tree"
-  git -C "$ROOT" rev-parse "$commit" >"$RUN/tree/SNAPSHOT_COMMIT"
-  # OVERLAY="path ...": those files as HEAD has them, over an older core commit that is known to run
-  for path in ${OVERLAY:-}; do
-    git -C "$ROOT" show "HEAD:$path" >"$RUN/tree/$path"
-    echo "overlay: $path from $(git -C "$ROOT" rev-parse --short HEAD)" >>"$RUN/tree/SNAPSHOT_COMMIT"
-  done
+  mkdir -p "$RUN"
+  site_pack "$WHEEL_LIST" "$WHEELS" "$RUN/site.tar.xz"
+  snapshot "$ROOT" "$commit" "$RUN/tree"
   du -sh "$RUN"
-  local kib
-  kib=$(du -sk "$RUN" | cut -f1)
-  if [ "$kib" -gt $((60 * 1024)) ]; then
-    echo "$RUN is ${kib} KiB: over what one call carries beside the working tree" >&2
-    exit 1
-  fi
+  check_carry "$RUN" || exit 1
   echo "snapshot of $(cat "$RUN/tree/SNAPSHOT_COMMIT") ready; run on the device: bash .gpu-run/tree/scripts/gpu-race.sh device"
 }
 
@@ -110,8 +84,7 @@ device() {
   cd "$tree"
   {
     echo "snapshot: $(cat SNAPSHOT_COMMIT)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+    device_facts
   } | tee "$res/device.txt"
   echo "== unpacked in $((SECONDS - t0)) s"
   local tests_rc=0
