@@ -303,14 +303,18 @@ class Deployment:
                 self.log_tail(role),
             )
 
+    def start_servers(self) -> None:
+        """Prefill and decode, health-gated: together, or one after the other (`sequential_start`)."""
+        for group in server_start_groups(self.plan.sequential_start):
+            self.start_together(group)
+
     def co_restart(self) -> None:
         """Stop all roles; start prefill and decode together (PD servers pair up per request through
         the bootstrap server, not at start-up; one after the other where they share a GPU), health-gate
         them, then the router, gated until it has registered both; then warm up."""
         self.stop_all()
         self.check_ports_free()
-        for group in server_start_groups(self.plan.sequential_start):
-            self.start_together(group)
+        self.start_servers()
         self.start_role("router")
         if self.plan.warmup:
             self.warm_up()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
 import pytest
 
-from orchestrator.deploy import DeployError, Deployment
-from orchestrator.plan import ArmPlan
+from orchestrator.deploy import DeployError, Deployment, http_get, router_waiting_for, server_start_groups
+from orchestrator.plan import ArmPlan, server_url
 from orchestrator.remote.local import LocalTransport
 from tests.conftest import listening, plan_of
 
@@ -151,3 +153,87 @@ def test_a_recycled_pid_in_a_stale_pid_file_is_left_alone(compose_cfg, deploymen
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# --- servers that share a GPU, and the router's registration -------------------------------------------
+
+# a stand-in server that takes a while to listen, as a real one loads and captures first
+SLOW_SERVER = (
+    "import runpy, sys, time; time.sleep({delay}); "
+    "sys.argv = ['http.server', '{port}', '--bind', '127.0.0.1']; runpy.run_module('http.server', run_name='__main__')"
+)
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_servers_that_share_a_gpu_start_one_after_the_other(compose_cfg, deployments, sequential):
+    cfg = _cfg(compose_cfg)
+    plan = _plan(cfg)
+    port = cfg.cluster.hosts.prefill.port
+    slow = replace(plan.roles["prefill"], argv=[sys.executable, "-c", SLOW_SERVER.format(delay=1.5, port=port)])
+    plan = replace(plan, roles={**plan.roles, "prefill": slow}, sequential_start=sequential)
+    events: list[str] = []
+    d = Deployment(plan, {r: LocalTransport() for r in ROLES}, run_label="share", on_event=events.append)
+    deployments.append(d)
+    d.start_servers()
+    names = [e.split(" after")[0] for e in events]
+    assert set(d.startup_s) == {"prefill", "decode"}
+    if sequential:  # decode launched only once prefill answered
+        assert names.index("prefill healthy") < names.index("starting decode")
+        assert d.startup_s["decode"] < d.startup_s["prefill"]
+    else:  # both launched at once, the gate the slowest one's
+        assert names.index("starting decode") < names.index("prefill healthy")
+
+
+def test_the_router_gate_waits_until_the_real_router_has_registered_both_servers(compose_cfg, deployments):
+    """The real sglang-router answers /health at once but 503s requests until it has registered its
+    workers; the gate holds the router until its /workers lists this arm's prefill and decode."""
+    plan = plan_of(compose_cfg("deployment.warmup=false"))
+    d = Deployment(plan, {r: LocalTransport() for r in ROLES}, run_label="gate")
+    deployments.append(d)
+    gate = threading.Thread(target=d.start_role, args=("router",), daemon=True)
+    gate.start()
+    deadline = time.monotonic() + 30
+    while http_get(plan.roles["router"].health_url, timeout=2.0)[0] != 200:
+        assert time.monotonic() < deadline, "the router never answered /health"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    ready, seen = d.ready("router")
+    assert not ready and "has not registered prefill" in seen and "decode" in seen
+    assert gate.is_alive() and "router" not in d.startup_s
+    d.start_servers()
+    gate.join(60)
+    assert "router" in d.startup_s
+    servers = {r: server_url(plan.roles[r].host) for r in ("prefill", "decode")}
+    assert router_waiting_for(http_get(plan.router_url + "/workers", timeout=5.0, limit=1 << 20)[1], servers) == []
+
+
+# /workers as the real sglang-router 0.3.2 answered it (bodies trimmed to the keys the gate reads, plus one)
+WORKERS = {
+    "workers": [
+        {"url": "http://127.0.0.1:30001", "worker_type": "decode", "is_healthy": True, "load": 0},
+        {"url": "http://127.0.0.1:30000", "worker_type": "prefill", "is_healthy": True, "bootstrap_port": 8998},
+    ],
+    "total": 2,
+    "stats": {"prefill_count": 1, "decode_count": 1, "regular_count": 0},
+}
+SERVERS = {"prefill": "http://127.0.0.1:30000", "decode": "http://127.0.0.1:30001"}
+
+
+def test_router_waiting_for_reads_the_routers_worker_list():
+    assert router_waiting_for(json.dumps(WORKERS), SERVERS) == []
+    empty = '{"workers":[],"total":0,"stats":{"prefill_count":0,"decode_count":0,"regular_count":0}}'
+    assert router_waiting_for(empty, SERVERS) == ["prefill http://127.0.0.1:30000", "decode http://127.0.0.1:30001"]
+    sick = json.loads(json.dumps(WORKERS))
+    sick["workers"][0]["is_healthy"] = False
+    assert router_waiting_for(json.dumps(sick), SERVERS) == ["decode http://127.0.0.1:30001"]
+    swapped = json.loads(json.dumps(WORKERS))
+    swapped["workers"][1]["worker_type"] = "decode"  # the prefill URL registered as a decode
+    assert router_waiting_for(json.dumps(swapped), SERVERS) == ["prefill http://127.0.0.1:30000"]
+    other = {"prefill": "http://127.0.0.1:31000", "decode": "http://127.0.0.1:30001"}
+    assert router_waiting_for(json.dumps(WORKERS), other) == ["prefill http://127.0.0.1:31000"]
+    assert router_waiting_for("No available servers", SERVERS) == [f"{r} {u}" for r, u in SERVERS.items()]
+
+
+def test_server_start_groups():
+    assert server_start_groups(True) == (("prefill",), ("decode",))
+    assert server_start_groups(False) == (("prefill", "decode"),)
