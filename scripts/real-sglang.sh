@@ -212,7 +212,7 @@ collect() {
   rm -rf "$dir"
   mkdir -p "$dir"
   tar -C "$dir" -xzf "$src/${EXPERIMENT}_results.tar.gz"
-  python3 -m orchestrator.real_sglang_report "$dir" --out "$dest" "$@"
+  python3 -m orchestrator.gpu.device_run "$dir" --out "$dest" "$@"
 }
 
 cmd=${1:-}
