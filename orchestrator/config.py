@@ -219,16 +219,16 @@ def sweep_study(config: DictConfig, arguments: Sequence[str] | None = None) -> t
 
 
 def sweep_design(config: DictConfig, adhoc: bool) -> str:
-    """The design the sweeper runs: the study's, a command-line sweep's, or the default sweep's (only
-    when neither the study nor the command line sweeps anything)."""
+    """The design the sweeper runs (`designs.choose`, from the composed config's sweeper and the
+    command line's overrides)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    sweeper = config.hydra.get("sweeper") or {}
+    from orchestrator.designs import choose
+
+    sweeper = OmegaConf.to_container(config.hydra.get("sweeper") or OmegaConf.create({}), resolve=True)
     task = list(OmegaConf.select(config, "hydra.overrides.task") or [])
     cli_sweeps = any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(task))
-    if sweeper.get("params") or adhoc or cli_sweeps or sweeper.get("design") == "ddmin":
-        return str(sweeper.get("design") or "factorial")
-    return str(sweeper.get("default_design") or "?")
+    return choose(sweeper, cli_sweeps, adhoc)[0]
 
 
 def unknown_groups(cfg: DictConfig, known: Mapping[str, list[str]]) -> list[str]:

@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import analysis
-from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, ddmin, sequential
+from orchestrator import analysis, designs
+from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, ddmin
 
 DEFAULT_STUDIES = 2000
 DEFAULT_SEED = 0
@@ -67,6 +67,11 @@ class ArmTruth:
     rate: float
     icc: float = 0.0
     rule: str | None = None
+    signature: str | None = None  # the planned arm's (composed from a config); else rehearsal[label]
+
+    @property
+    def run_signature(self) -> str:
+        return self.signature or f"rehearsal[{self.label}]"
 
 
 # --- the pure core ---------------------------------------------------------------------------------
@@ -143,7 +148,7 @@ def study_runs(arms: Sequence[ArmTruth], counts: np.ndarray, sessions: int) -> l
         RunRecord(
             run_id=f"{arm.label}-{rep}",
             status="FINISHED",
-            signature=f"rehearsal[{arm.label}]",
+            signature=arm.run_signature,
             repetition=rep,
             factors=dict(arm.levels),
             outcomes="complete",
@@ -156,20 +161,107 @@ def study_runs(arms: Sequence[ArmTruth], counts: np.ndarray, sessions: int) -> l
     ]
 
 
+def by_label(arms: Sequence[ArmTruth]) -> Callable[[designs.Job], ArmTruth]:
+    """truth_of(job) for arms given as truths: the job's arm, by its label."""
+    table = {a.label: a for a in arms}
+    return lambda job: table[job.label]
+
+
+def _factor_overrides(levels: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(f"factor/{k}={v}" for k, v in levels.items())
+
+
+def fixed_design(arms: Sequence[ArmTruth], runs: int) -> designs.Fixed:
+    """The ofat design over these arms: each arm `runs` times, arm by arm, as the sweeper orders them."""
+    jobs = tuple(
+        designs.Job((*_factor_overrides(a.levels), f"repetition={rep}"), a.label, dict(a.levels), rep)
+        for a in arms
+        for rep in range(runs)
+    )
+    return designs.Fixed("ofat", jobs)
+
+
+def sequential_design(spec: StudySpec, arms: Sequence[ArmTruth], sessions: int) -> designs.Sequential:
+    """The sequential design over these arms (the rehearsal draws no throughput: no bench)."""
+    return designs.Sequential(
+        spec, {a.label: _factor_overrides(a.levels) for a in arms}, sessions, bench_on=False
+    )
+
+
+def rehearsed_study(
+    design: designs.Design,
+    truth_of: Callable[[designs.Job], ArmTruth],
+    sessions: int,
+    rng: np.random.Generator,
+    kill_rate: float = 0.0,
+    earlier: Sequence[RunRecord] = (),
+) -> list[RunRecord]:
+    """One rehearsed study of any design, round by round through its `next_round` (what the sweeper
+    calls), each job's run drawn from its arm's truth. `earlier`: the runs of the same study before it
+    was extended (a larger budget) or resumed. With `kill_rate`, each run is killed part-way with that
+    probability: a KILLED run whose outcomes are never pooled."""
+    runs: list[RunRecord] = list(earlier)
+    launched = -1
+    while True:
+        nxt = design.next_round(runs, launched)
+        if not nxt.jobs:
+            return runs
+        runs += [drawn_run(truth_of(job), job.repetition, sessions, rng, kill_rate) for job in nxt.jobs]
+        launched = nxt.index
+
+
+def judged(spec: StudySpec, design: designs.Design, runs: Sequence[RunRecord]) -> dict[str, Any]:
+    """A rehearsed study's report, by the analysis that judges real runs."""
+    return analysis.analyse(spec, runs, context={"design": design.name})
+
+
+def rehearse_design(
+    spec: StudySpec,
+    design: designs.Design,
+    truth_of: Callable[[designs.Job], ArmTruth],
+    arms: Sequence[ArmTruth],
+    sessions: int,
+    studies: int,
+    seed: int,
+    kill_rate: float = 0.0,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`studies` studies of `design`, each judged as a real one (`judged`); the tally (see the module doc)
+    and the reports. `arms`: the truths of the arms the hypotheses compare."""
+    if sessions < 1 or studies < 1:
+        raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
+    rng = np.random.default_rng(seed)
+    reports = [
+        judged(spec, design, rehearsed_study(design, truth_of, sessions, rng, kill_rate))
+        for _ in range(studies)
+    ]
+    return tally(spec, truth(spec, arms), reports, studies, seed), reports
+
+
+def _arms_info(arms: Sequence[ArmTruth]) -> list[dict[str, Any]]:
+    return [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms]
+
+
 def rehearse(
-    spec: StudySpec, arms: Sequence[ArmTruth], runs: int, sessions: int, studies: int, seed: int
+    spec: StudySpec,
+    arms: Sequence[ArmTruth],
+    runs: int,
+    sessions: int,
+    studies: int,
+    seed: int,
+    design: designs.Design | None = None,
+    truth_of: Callable[[designs.Job], ArmTruth] | None = None,
 ) -> dict[str, Any]:
-    """Simulate `studies` studies of this design and judge each with `analysis.analyse`; tally verdicts."""
-    if runs < 1 or sessions < 1 or studies < 1:
-        raise ValueError(f"runs={runs}, sessions={sessions}, studies={studies} must all be >= 1")
-    rows = truth(spec, arms)
-    counts = draw_counts(arms, runs, sessions, studies, np.random.default_rng(seed))
-    reports = [analysis.analyse(spec, study_runs(arms, counts[s], sessions)) for s in range(studies)]
-    result = tally(spec, rows, reports, studies, seed)
+    """Simulate `studies` studies of a fixed design (default: ofat over `arms`, `runs` each) and judge each
+    with `analysis.analyse`; tally verdicts."""
+    if runs < 1:
+        raise ValueError(f"runs={runs} must be >= 1")
+    design = design or fixed_design(arms, runs)
+    result, _ = rehearse_design(spec, design, truth_of or by_label(arms), arms, sessions, studies, seed)
     result["design"] = {
+        "design": design.name,
         "runs_per_arm": runs,
         "sessions_per_run": sessions,
-        "arms": [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms],
+        "arms": _arms_info(arms),
     }
     return result
 
@@ -234,7 +326,7 @@ def drawn_run(
     return RunRecord(
         run_id=f"{arm.label}-{repetition}",
         status="KILLED" if killed else "FINISHED",
-        signature=f"rehearsal[{arm.label}]",
+        signature=arm.run_signature,
         repetition=repetition,
         factors=dict(arm.levels),
         outcomes="partial" if killed else "complete",
@@ -252,35 +344,10 @@ def sequential_study(
     kill_rate: float = 0.0,
     earlier: Sequence[RunRecord] = (),
 ) -> list[RunRecord]:
-    """One rehearsed sequential study, round by round through `sequential.next_round` (what the sweeper
-    calls); `earlier`: the runs of the same study before it was extended (a larger budget) or resumed.
-    With `kill_rate`, each run is killed part-way with that probability: a KILLED run whose outcomes
-    (mostly corrupted sessions: a corrupted session ends early) are never pooled."""
-    hyps = sequential.study_hypotheses(spec)
-    by_label = {a.label: a for a in arms}
-    runs: list[RunRecord] = list(earlier)
-    while True:
-        _, nxt = sequential.next_round(
-            spec, hyps, sequential.arm_runs(runs, spec, analysis.run_used), analysis.BASELINE_LABEL, sessions
-        )
-        if not nxt.arms:
-            return runs
-        for label in nxt.arms:
-            runs.append(drawn_run(by_label[label], nxt.round, sessions, rng, kill_rate))
-
-
-def sequential_verdicts(spec: StudySpec, runs: Sequence[RunRecord]) -> dict[str, Any]:
-    """What `tally` reads of a sequential study's report, from `sequential.report_block`: the block
-    `analysis.analyse` takes a sequential study's verdicts from, without the per-arm intervals and
-    throughput the rehearsal does not look at."""
-    block = sequential.report_block(spec, runs, analysis.run_used)
-    trace = block["trace"]
-    return {
-        "hypotheses": [{"id": h, "verdict": d["verdict"]} for h, d in block["decisions"].items()],
-        "arms": [{"n": n} for n in block["sessions_per_arm"].values()],
-        "between_runs": {"icc": trace[-1]["icc"] if trace else 0.0},
-        "stopping": block,
-    }
+    """One rehearsed sequential study over these arms (`rehearsed_study` of `sequential_design`)."""
+    return rehearsed_study(
+        sequential_design(spec, arms, sessions), by_label(arms), sessions, rng, kill_rate, earlier
+    )
 
 
 def rehearse_sequential(
@@ -290,19 +357,15 @@ def rehearse_sequential(
     studies: int,
     seed: int,
     kill_rate: float = 0.0,
+    design: designs.Design | None = None,
+    truth_of: Callable[[designs.Job], ArmTruth] | None = None,
 ) -> dict[str, Any]:
     """`rehearse` for `design: sequential`: each study runs in rounds until the evidence decides, and is
-    judged as a sequential study's report is (`sequential_verdicts`)."""
-    if sessions < 1 or studies < 1:
-        raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
-    rng = np.random.default_rng(seed)
-    rows = truth(spec, arms)
-    reports = []
-    for _ in range(studies):
-        runs = sequential_study(spec, arms, sessions, rng, kill_rate)
-        reports.append(sequential_verdicts(spec, runs))
-    fixed = len(arms) * spec.stopping.max_runs_per_arm * sessions
-    result = tally(spec, rows, reports, studies, seed)
+    judged as a sequential study's report is."""
+    design = design or sequential_design(spec, arms, sessions)
+    result, reports = rehearse_design(
+        spec, design, truth_of or by_label(arms), arms, sessions, studies, seed, kill_rate
+    )
     result["design"] = {
         "design": "sequential",
         "sessions_per_run": sessions,
@@ -311,10 +374,10 @@ def rehearse_sequential(
         "max_sessions": spec.stopping.max_sessions,
         "futility": spec.stopping.futility,
         "kill_rate": kill_rate,
-        "arms": [{"label": a.label, "rate": a.rate, "restart_icc": a.icc, "rule": a.rule} for a in arms],
+        "arms": _arms_info(arms),
     }
     result["rounds_per_study"] = sum(r["stopping"]["rounds"] for r in reports) / studies
-    result["fixed_design_sessions"] = fixed
+    result["fixed_design_sessions"] = len(arms) * spec.stopping.max_runs_per_arm * sessions
     result["sessions_per_arm"] = {
         a.label: sum(r["stopping"]["sessions_per_arm"].get(a.label, 0) for r in reports) / studies
         for a in arms
@@ -329,19 +392,16 @@ def ddmin_study(
     rng: np.random.Generator,
     kill_rate: float = 0.0,
 ) -> list[RunRecord]:
-    """One rehearsed ddmin study, round by round through `ddmin.next_round` (what the sweeper calls), on
-    runs drawn from each subset's truth (`truth_of`). With `kill_rate`, a run is killed part-way with
-    that probability and never pooled (the search then asks for another run of that subset)."""
+    """One rehearsed ddmin study (`rehearsed_study` of the ddmin design), on runs drawn from each
+    subset's truth (`truth_of`)."""
     ids = [d.id for d in spec.ddmin.differences]
-    settings = ddmin.Settings.of(spec)
-    runs: list[RunRecord] = []
-    while True:
-        counts, started = ddmin.runs_from_records(runs, ids, analysis.run_used)
-        nxt = ddmin.next_round(ids, counts, started, settings)
-        if not nxt.jobs:
-            return runs
-        for subset, repetition, _bench in nxt.jobs:  # the rehearsal draws no throughput
-            runs.append(drawn_run(truth_of(subset), repetition, sessions, rng, kill_rate))
+    return rehearsed_study(
+        designs.Ddmin(spec, bench_on=False),
+        lambda job: truth_of(ddmin.subset_of(job.levels, ids)),
+        sessions,
+        rng,
+        kill_rate,
+    )
 
 
 def true_minimal(ids: Sequence[str], truth_of: Callable[[frozenset[str]], ArmTruth]) -> frozenset[str] | None:
@@ -364,17 +424,17 @@ def rehearse_ddmin(
     kill_rate: float = 0.0,
 ) -> dict[str, Any]:
     """`rehearse` for `design: ddmin`: each study searches until done, and is judged as the report
-    judges it (`ddmin.report_block`): how often the minimal set found is the true one, and the
+    judges it (`designs.Ddmin.report_block`): how often the minimal set found is the true one, and the
     sessions spent against a one-at-a-time sweep over every difference."""
     if sessions < 1 or studies < 1:
         raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
     ids = [d.id for d in spec.ddmin.differences]
     truth = true_minimal(ids, truth_of)
     rng = np.random.default_rng(seed)
-    blocks = []
-    for _ in range(studies):
-        runs = ddmin_study(spec, truth_of, sessions, rng, kill_rate)
-        blocks.append(ddmin.report_block(spec, runs, analysis.run_used))
+    design = designs.Ddmin(spec, bench_on=False)
+    blocks = [
+        design.report_block(ddmin_study(spec, truth_of, sessions, rng, kill_rate)) for _ in range(studies)
+    ]
     found: dict[str, int] = {}
     for b in blocks:
         key = ",".join(b["minimal"]) if b["minimal"] is not None else f"none ({b['outcome']})"
@@ -424,11 +484,11 @@ def one_at_a_time_rehearsal(
     """The same question asked one difference at a time (`one_at_a_time`), sequential design, on the
     same truths: how often its implicated set is exactly the true minimal set, and its sessions."""
     ofat, arms = one_at_a_time(spec, truth_of)
+    design = sequential_design(ofat, arms, sessions)
     rng = np.random.default_rng(seed)
     exact, spent = 0, 0
     for _ in range(studies):
-        runs = sequential_study(ofat, arms, sessions, rng, kill_rate)
-        block = sequential.report_block(ofat, runs, analysis.run_used)
+        block = design.report_block(rehearsed_study(design, by_label(arms), sessions, rng, kill_rate))
         implicated = {h for h, d in block["decisions"].items() if d["verdict"] in ("implicated", "partial")}
         exact += truth is not None and implicated == truth
         spent += block["sessions"]
@@ -499,53 +559,40 @@ def render_ddmin(result: Mapping[str, Any]) -> str:
 # --- arm truths from a fault model (reads the composed config) ------------------------------------
 
 
-def arm_truths(
-    spec: StudySpec, compose_arm, model, rounds: int, load: int, icc_override: float | None = None
-) -> list[ArmTruth]:
-    """Each study arm's rate and ICC under `model`. `compose_arm(levels)` -> the arm's planned roles
-    {role: (env, flags)}; the sim's parsers turn them into the configs the fault model's rules test."""
-    from orchestrator.sim.faults import session_rate
-
-    out = []
-    for label, levels in study_arms(spec):
-        prefill, decode = _role_configs(compose_arm(levels))
-        rule = model.rule_for(prefill, decode)
-        rate = session_rate(rule.probability(load), rounds) if rule else 0.0
-        icc = (rule.restart_icc if icc_override is None else icc_override) if rule else 0.0
-        out.append(ArmTruth(label, levels, rate, icc, rule.name if rule else None))
-    return out
-
-
-def subset_truths(
-    spec: StudySpec, overrides: Sequence[str], model, rounds: int, load: int, icc: float | None
-):
-    """truth_of(subset) for a ddmin study: the arm that applies `subset`, composed and planned as a job
-    is (`ddmin_subset=[...]`), judged by the fault model; memoised (the search asks few subsets, often)."""
+def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Job], ArmTruth]:
+    """truth_of(job) for a study composed from the config: the job composed and planned with its exact
+    overrides, as the sweeper's launcher runs it (`plan.plan_arm`); its two roles' effective configs pick
+    the fault model's rule, at the job's own workload (rounds, concurrency). Memoised per arm (the
+    repetition and the throughput sweep change no rate). Call it inside Hydra's `initialize_config_dir`."""
     from hydra import compose
 
     from orchestrator.config import load_job
     from orchestrator.plan import plan_arm
     from orchestrator.sim.faults import session_rate
 
-    ids = [d.id for d in spec.ddmin.differences]
-    memo: dict[frozenset[str], ArmTruth] = {}
+    memo: dict[tuple[str, ...], ArmTruth] = {}
 
-    def truth_of(subset: frozenset[str]) -> ArmTruth:
-        if subset not in memo:
-            applied = ",".join(d for d in ids if d in subset)
-            cfg = compose(
-                "config", overrides=[*overrides, f"ddmin_subset=[{applied}]"], return_hydra_config=True
-            )
+    def truth_of(job: designs.Job) -> ArmTruth:
+        key = tuple(a for a in job.overrides if designs.key_of(a) not in RUN_ONLY_KEYS)
+        if key not in memo:
+            cfg = compose("config", overrides=list(key), return_hydra_config=True)
             plan = plan_arm(load_job(cfg))
+            sessions, rounds = int(cfg.workload.sessions), int(cfg.workload.rounds)
+            load = min(sessions, int(cfg.workload.concurrency or sessions))
             prefill, decode = _role_configs({r: (plan.roles[r].env, plan.roles[r].flags) for r in ROLE_PAIR})
             rule = model.rule_for(prefill, decode)
             rate = session_rate(rule.probability(load), rounds) if rule else 0.0
-            arm_icc = (rule.restart_icc if icc is None else icc) if rule else 0.0
-            label = ddmin.describe_subset(subset, ids)
-            memo[subset] = ArmTruth(label, dict(plan.factors), rate, arm_icc, rule.name if rule else None)
-        return memo[subset]
+            icc = (rule.restart_icc if icc_override is None else icc_override) if rule else 0.0
+            memo[key] = ArmTruth(
+                job.label, dict(plan.factors), rate, icc, rule.name if rule else None, plan.signature
+            )
+        return memo[key]
 
     return truth_of
+
+
+# overrides that change a run, not its arm's truth
+RUN_ONLY_KEYS = ("repetition", "bench.enabled", "bench.repetitions")
 
 
 ROLE_PAIR = ("prefill", "decode")
@@ -582,20 +629,6 @@ def sweep_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, int]
     return plain, sweeps
 
 
-def _repetitions(cfg, sweeps: Mapping[str, int]) -> int:
-    """Runs per arm: the command line's `repetition=...` sweep, else the experiment's sweep, else the
-    default sweep's."""
-    from omegaconf import OmegaConf
-
-    if "repetition" in sweeps:
-        return sweeps["repetition"]
-    sweeper = cfg.hydra.sweeper
-    for params in (OmegaConf.select(sweeper, "params"), OmegaConf.select(sweeper, "default_params")):
-        if params and "repetition" in params:
-            return len(str(params["repetition"]).split(","))
-    return 1
-
-
 def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     """(rehearse options incl. fault_model, the remaining Hydra overrides)."""
     options: dict[str, str] = {}
@@ -617,46 +650,52 @@ def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def from_config(argv: Sequence[str]) -> dict[str, Any]:
-    """Compose the study as `python -m orchestrator` would, build the arms' truths, rehearse."""
+    """Compose the study as `python -m orchestrator` would, build its design as the sweeper does
+    (`designs.choose`, `designs.build`), and rehearse that design: each job's truth from its own
+    composed config (`job_truths`)."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from orchestrator.config import CONF_DIR, load_job, sweep_design, with_good_baseline
-    from orchestrator.plan import plan_arm
+    from orchestrator.config import CONF_DIR, choices_of, with_good_baseline
     from orchestrator.sim.faults import load_fault_model
 
     options, given = split_args(argv)
     overrides, sweeps = sweep_overrides(given)
     model = load_fault_model(options.get("fault_model") or None)
+    icc = float(options["restart_icc"]) if "restart_icc" in options else None
+    studies = int(options.get("studies", DEFAULT_STUDIES))
+    seed = int(options.get("seed", DEFAULT_SEED))
+    kill_rate = float(options.get("kill_rate", 0.0))
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
         spec = with_good_baseline(StudySpec.from_dict(OmegaConf.to_container(cfg.study, resolve=True)), cfg)
         sessions, rounds = int(cfg.workload.sessions), int(cfg.workload.rounds)
         load = min(sessions, int(cfg.workload.concurrency or sessions))
-
-        def compose_arm(levels: Mapping[str, str]) -> dict[str, tuple[dict, dict]]:
-            arm_cfg = compose(
-                "config",
-                overrides=[*overrides, *(f"factor/{k}={v}" for k, v in levels.items())],
-                return_hydra_config=True,
+        name, params = designs.choose(
+            OmegaConf.to_container(cfg.hydra.sweeper, resolve=True), bool(sweeps), False
+        )
+        choices = choices_of(
+            OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(given))
+        )
+        design = designs.build(name, spec, choices, sessions=sessions, bench_on=False)
+        truth_of = job_truths(model, icc)
+        if isinstance(design, designs.Ddmin):  # the subsets are composed as the search asks for them
+            result = rehearse_ddmin(
+                spec,
+                lambda subset: truth_of(design.job(subset, 0, False)),
+                sessions,
+                studies,
+                seed,
+                kill_rate,
             )
-            plan = plan_arm(load_job(arm_cfg))
-            return {role: (plan.roles[role].env, plan.roles[role].flags) for role in ("prefill", "decode")}
-
-        icc = float(options["restart_icc"]) if "restart_icc" in options else None
-        design = sweep_design(cfg, adhoc=False)
-        studies = int(options.get("studies", DEFAULT_STUDIES))
-        seed = int(options.get("seed", DEFAULT_SEED))
-        kill_rate = float(options.get("kill_rate", 0.0))
-        if design == "ddmin":  # the subsets are composed as the search asks for them
-            truth_of = subset_truths(spec, overrides, model, rounds, load, icc)
-            result = rehearse_ddmin(spec, truth_of, sessions, studies, seed, kill_rate)
         else:
-            arms = arm_truths(spec, compose_arm, model, rounds, load, icc)
-    if design == "sequential":
-        result = rehearse_sequential(spec, arms, sessions, studies, seed, kill_rate)
-    elif design != "ddmin":
-        result = rehearse(spec, arms, _repetitions(cfg, sweeps), sessions, studies, seed)
+            arms = list({t.label: t for t in map(truth_of, design.jobs())}.values())
+            if isinstance(design, designs.Sequential):
+                result = rehearse_sequential(spec, arms, sessions, studies, seed, kill_rate, design, truth_of)
+            else:
+                runs = len({j.repetition for j in design.jobs()})
+                result = rehearse(spec, arms, runs, sessions, studies, seed, design, truth_of)
     result["fault_model"] = {"name": model.name, "source": model.source}
     result["workload"] = {"sessions": sessions, "rounds": rounds, "load": load}
     if "json" in options:

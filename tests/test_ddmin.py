@@ -1,6 +1,7 @@
 """Delta debugging with a noisy oracle (orchestrator/analysis/ddmin.py), tested by simulation through the
 same pure code that judges real runs: `ddmin.next_round` (what the sweeper calls) on runs drawn
-beta-binomially per server start, with killed runs, and `ddmin.report_block` (what the report shows)."""
+beta-binomially per server start, with killed runs, and `designs.Ddmin.report_block` (what the report
+shows)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
+from orchestrator import designs
 from orchestrator.analysis import RunRecord, ddmin, run_used
 from orchestrator.rehearse import ArmTruth, ddmin_study, true_minimal
 from orchestrator.schema import StudyConf
@@ -130,7 +132,7 @@ def test_the_search_is_a_replay_of_the_runs_so_every_subset_is_paid_for_once():
     # every subset's runs are repetitions 0..m-1, each once: no subset was started twice over
     for reps in by_subset.values():
         assert sorted(reps) == list(range(len(reps)))
-    block = ddmin.report_block(spec, records, run_used)
+    block = designs.Ddmin(spec).report_block(records)
     assert block["done"] and block["minimal"] == ["d07"]
     # replaying on any prefix of the runs asks only for subsets that the full search also tried
     tried = {frozenset(t["subset"]) for t in block["trials"]}
@@ -144,7 +146,7 @@ def test_when_the_deploy_configuration_is_first_run_the_good_one_runs_beside_it_
     spec = spec_for()
     rng = np.random.default_rng(3)
     records = ddmin_study(spec, conjunction_truth(IDS, ["d03"]), 60, rng)
-    block = ddmin.report_block(spec, records, run_used)
+    block = designs.Ddmin(spec).report_block(records)
     deploy = frozenset(block["deploy"])
     first_deploy = min(r.repetition for r in records if ddmin.subset_of(r.factors, IDS) == deploy)
     assert first_deploy == 0
@@ -162,7 +164,7 @@ def rehearse(culprits, studies, seed, icc=0.005, kill_rate=0.0, ids=IDS):
     assert true_minimal(ids, truth_of) == frozenset(culprits)
     rng = np.random.default_rng(seed)
     blocks = [
-        ddmin.report_block(spec, ddmin_study(spec, truth_of, 60, rng, kill_rate), run_used)
+        designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng, kill_rate))
         for _ in range(studies)
     ]
     exact = sum(1 for b in blocks if b["minimal"] is not None and set(b["minimal"]) == set(culprits))
@@ -191,7 +193,7 @@ def test_a_bad_configuration_that_does_not_corrupt_yields_no_minimal_set():
     truth_of = conjunction_truth(IDS, ["d01"], rate=0.0)
     wrong = 0
     for _ in range(300):
-        block = ddmin.report_block(spec, ddmin_study(spec, truth_of, 60, rng), run_used)
+        block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng))
         wrong += block["minimal"] is not None
     assert wrong / 300 <= spec.alpha
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 import pytest
 from hydra.errors import HydraException
 
-from hydra_plugins.heisenhunt_sweeper._core import ofat_jobs
+from orchestrator.designs import ofat_overrides
 from orchestrator.plan import flag_words, merge_role, signature
 from orchestrator.schema import FactorLevel, FactorRoles, RoleDelta, RoleLaunch, SelectedLevel
 from tests.conftest import plan_of
@@ -92,7 +92,7 @@ def test_ofat_design_is_baseline_plus_one_factor_at_a_time_times_repetitions():
         repetition=["0", "1", "2"],
     )
     baseline = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}
-    jobs = ofat_jobs(choices, baseline)
+    jobs = ofat_overrides(choices, baseline)
     assert len(jobs) == 5 * 3
     arms = {tuple(j[:4]) for j in jobs}
     assert len(arms) == 5
@@ -104,16 +104,16 @@ def test_ofat_design_is_baseline_plus_one_factor_at_a_time_times_repetitions():
 
 def test_ofat_treats_a_factor_pinned_to_one_level_as_a_constant():
     choices = _choices(factor__multi_stream=["on", "off"], factor__capture=["eager"], repetition=["0", "1"])
-    jobs = ofat_jobs(choices, {"multi_stream": "on", "capture": "graph"})
+    jobs = ofat_overrides(choices, {"multi_stream": "on", "capture": "graph"})
     assert len(jobs) == 2 * 2
     assert all("factor/capture=eager" in job for job in jobs)
 
 
 def test_ofat_refuses_a_baseline_level_that_is_not_swept():
     with pytest.raises(HydraException, match="not among the swept levels"):
-        ofat_jobs(_choices(factor__capture=["graph", "eager"]), {"capture": "turbo"})
+        ofat_overrides(_choices(factor__capture=["graph", "eager"]), {"capture": "turbo"})
     with pytest.raises(HydraException, match=r"study\.baseline\.capture is not set"):
-        ofat_jobs(_choices(factor__capture=["graph", "eager"]), {})
+        ofat_overrides(_choices(factor__capture=["graph", "eager"]), {})
 
 
 def test_problems_found_in_many_jobs_are_reported_once_saying_where():

@@ -16,7 +16,6 @@ from orchestrator.rehearse import (
     ArmTruth,
     rehearse_sequential,
     sequential_study,
-    sequential_verdicts,
     study_arms,
 )
 from orchestrator.schema import StoppingConf, StudyConf
@@ -162,20 +161,6 @@ def test_extending_a_finished_study_continues_its_rounds_with_the_same_evidence(
     decided = {h.treatment for h in hyps if before[-1].decisions[h.id].verdict is not None}
     added = {analysis.arm_label(r.factors, large.baseline) for r in extended[len(first) :]}
     assert decided and not decided & added  # what the evidence had settled gets no more starts
-
-
-def test_the_rehearsal_judges_as_the_report_does():
-    """`sequential_verdicts` (the rehearsal's fast path) gives the verdicts `analysis.analyse` reports."""
-    spec = dsv4_spec(max_runs_per_arm=4)
-    arms = truths(spec, SEED_STORY, 0.02)
-    for seed in range(20):
-        runs = sequential_study(spec, arms, 60, np.random.default_rng(seed))
-        report = analysis.analyse(spec, runs, context={"design": "sequential"})
-        fast = sequential_verdicts(spec, runs)
-        assert {h["id"]: h["verdict"] for h in report["hypotheses"]} == {
-            h["id"]: h["verdict"] for h in fast["hypotheses"]
-        }
-        assert sum(a["n"] for a in report["arms"]) == sum(a["n"] for a in fast["arms"])
 
 
 def test_the_closed_testing_means_are_every_prefix_s_log_mean_exp_without_overflow():

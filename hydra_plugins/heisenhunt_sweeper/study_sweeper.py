@@ -1,28 +1,22 @@
-"""The study sweeper: Hydra's basic sweeper, plus one-factor-at-a-time designs and up-front validation.
+"""The study sweeper: Hydra's basic sweeper, driving the study designs of orchestrator/designs.py, with
+up-front validation.
 
-`design: factorial` is the basic sweeper unchanged (a cartesian product). `design: ofat` is what a
+`design: factorial` is the basic sweeper's cartesian product. `design: ofat` is what a
 hypothesis-elimination study needs: the baseline arm plus, for each swept `factor/<name>`, one arm per
 non-baseline level with every other factor at its baseline level (`study.baseline`); other swept keys
-(e.g. `repetition`) still multiply. 4 two-level factors give 5 arms instead of 16.
+(e.g. `repetition`) still multiply. 4 two-level factors give 5 arms instead of 16. `design: sequential`
+runs the ofat arms in rounds until the evidence decides, the way Hydra's Ax and Optuna sweepers do;
+`design: ddmin` searches `study.ddmin.differences` for a 1-minimal subset that still corrupts.
 
-`design: ddmin` searches `study.ddmin.differences` (what the bad configuration adds to the good one) for a
-1-minimal subset that still corrupts, in rounds as the sequential design (orchestrator/analysis/ddmin.py):
-each round runs the subset the search needs a verdict for next, and the search is replayed from the runs
-in the tracking store.
+Every design runs through one loop: the design's `next_round(records, launched)` gives the jobs to launch
+(through the configured launcher); an adaptive design's evidence is read back from the tracking store
+(the same runs the report reads, so a resumed study sees what it skipped) before the next round.
 
-`design: sequential` runs the ofat arms in rounds, the way Hydra's Ax and Optuna sweepers do: round r
-launches, through the configured launcher, one job per arm still needed at `repetition=r`; then the
-evidence is read back from the tracking store (the same runs the report reads, so a resumed study sees
-what it skipped) and `orchestrator.analysis.sequential.next_round` says which arms the next round needs, until
-every hypothesis is decided or `study.stopping` is spent. A swept `repetition` is ignored: rounds set it.
-
-Before the first job starts, every job's config is composed, typed and planned, and every distinct arm
-is checked by its hosts: bad input anywhere in the sweep stops it before any server is restarted.
+Before a round starts, every job's config is composed, typed and planned, and every distinct arm is
+checked by its hosts: bad input anywhere in the sweep stops it before any server is restarted.
 
 When neither the study nor the command line sweeps anything, `default_params` runs: that is what makes
-`python -m orchestrator` with no arguments a small study.
-
-The design logic is in `_core.py` (pure); this class only wires it into Hydra.
+`python -m orchestrator` with no arguments a small study (`designs.choose`).
 """
 
 # No `from __future__ import annotations`: Hydra loads plugins outside sys.modules, where dataclasses
@@ -38,19 +32,13 @@ from hydra.errors import HydraException
 
 from hydra_plugins.heisenhunt_sweeper import config as _config  # noqa: F401 - registers the sweeper node
 from hydra_plugins.heisenhunt_sweeper._core import (
-    DESIGNS,
     JOB_SEP,
     arm_overrides,
-    batches,
     collapse,
-    ddmin_base,
-    ddmin_job,
-    job_levels,
-    job_repetition,
-    ofat_jobs,
     repetition_problems,
-    round_jobs,
 )
+from orchestrator import designs
+from orchestrator.designs import job_repetition
 
 log = logging.getLogger(__name__)
 
@@ -73,63 +61,51 @@ class StudySweeper(BasicSweeper):
         default_design: str = "ofat",
     ):
         super().__init__(max_batch_size=max_batch_size, params=params)
-        for name, value in (("design", design), ("default_design", default_design)):
-            if value not in DESIGNS:
-                raise HydraException(f"hydra.sweeper.{name}={value!r} is not one of {list(DESIGNS)}")
+        designs.check_name(design, "hydra.sweeper.design")
+        designs.check_name(default_design, "hydra.sweeper.default_design")
         self.design = design
         self.default_params = default_params or {}
         self.default_design = default_design
-        self._ofat_batches: list | None = None
         self.study = None
         self.design_run = design
+        self._design: designs.Design | None = None
         self._planned: list[tuple[str, int]] = []
-        # sequential: arm label -> its overrides, and the round about to be launched
-        self._arms: dict[str, list[str]] | None = None
         self._round: list[list[str]] = []
         self._launched = -1  # the last round launched
-        # ddmin: the overrides every job shares, and the jobs launched so far (to see a round recorded)
-        self._ddmin_base: list[str] | None = None
-        self._ddmin_launched: set[tuple[str, ...]] = set()
+        self._launched_jobs: set[tuple[str, ...]] = set()
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.adhoc import study_overrides
-        from orchestrator.config import choices_of, sweep_design, sweep_study
+        from orchestrator.config import choices_of, sweep_study
 
         assert self.hydra_context is not None and self.config is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        cli = parser.parse_overrides(arguments)
+        cli_sweeps = any(o.is_sweep_override() for o in parser.parse_overrides(arguments))
         # a command-line sweep of factors outside any study is a study of its own (see orchestrator.adhoc)
         self.study, adhoc = sweep_study(self.config, arguments)
         extra = study_overrides(self.study) if adhoc else []
-        design = self.design
-        searching = design == "ddmin"
-        if (
-            not searching
-            and not self.params
-            and not any(o.is_sweep_override() for o in cli)
-            and self.default_params
-        ):
-            log.info("no sweep given: running the default study sweep %s", dict(self.default_params))
-            self.params, design = dict(self.default_params), self.default_design
-        self.design_run = sweep_design(self.config, adhoc) if design == self.design else design
-        params_conf = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-        if searching:
-            if not self.study.ddmin.differences:
-                raise HydraException(
-                    "design=ddmin needs study.ddmin.differences (see orchestrator/analysis/ddmin.py)"
-                )
-            self._ddmin_base = ddmin_base(choices_of(parser.parse_overrides(params_conf))) + extra
-        if design in ("ofat", "sequential"):
-            choices = choices_of(parser.parse_overrides(params_conf))
-            if design == "sequential":
-                from orchestrator.plan import arm_label
-
-                choices.pop("repetition", None)  # the rounds number the repetitions
-                arms = ofat_jobs(choices, self.study.baseline)
-                self._arms = {arm_label(job_levels(job), self.study.baseline): job + extra for job in arms}
-            else:
-                jobs = ofat_jobs(choices, self.study.baseline)
-                self._ofat_batches = batches([job + extra for job in jobs], self.max_batch_size)
+        sweeper = {
+            "design": self.design,
+            "params": self.params,
+            "default_design": self.default_design,
+            "default_params": self.default_params,
+        }
+        self.design_run, params = designs.choose(sweeper, cli_sweeps, adhoc)
+        if params and not self.params:
+            log.info("no sweep given: running the default study sweep %s", params)
+        self.params = params
+        choices = choices_of(
+            parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + list(arguments))
+        )
+        self._design = designs.build(
+            self.design_run,
+            self.study,
+            choices,
+            extra,
+            sessions=int(self.config.workload.sessions),
+            bench_on=bool(self.config.bench.get("enabled", True)),
+            batch_size=self.max_batch_size,
+        )
         if self._launches_nothing():
             self.launcher = _DryRunLauncher()
         return super().sweep(list(arguments) + extra)
@@ -140,120 +116,69 @@ class StudySweeper(BasicSweeper):
         return bool(self.config.get("dry_run") or self.config.get("preflight_only"))
 
     def is_done(self) -> bool:
-        if self._ddmin_base is not None:
-            self._round = self._next_ddmin_round()
-            return not self._round
-        if self._arms is None:
-            return BasicSweeper.is_done(self)
         self._round = self._next_round()
         return not self._round
 
     def get_job_batch(self):
-        if self._arms is None and self._ddmin_base is None:
-            return BasicSweeper.get_job_batch(self)
         return self._round
 
-    def _next_ddmin_round(self) -> "list[list[str]]":
-        """The next ddmin round's jobs from the runs so far (none: the search is over); logs where the
-        search stands."""
-        import math
+    def _records(self) -> list:
+        """The study's runs so far, from the tracking store (an adaptive design's evidence)."""
         import os
 
-        from orchestrator.analysis import ddmin, run_used
         from orchestrator.tracking import PARENT_ENV, load_study
 
-        assert self.config is not None and self._ddmin_base is not None
-        uri, run_id = str(self.config.tracking.uri), os.environ.get(PARENT_ENV)
-        ids = [d.id for d in self.study.ddmin.differences]
-        records = load_study(uri, self.study.name)[2] if run_id and self._planned else []
-        runs, started = ddmin.runs_from_records(records, ids, run_used)
-        nxt = ddmin.next_round(ids, runs, started, ddmin.Settings.of(self.study))
-        for trial in nxt.result.trials:
-            log.info(
-                "ddmin trial %d (%s): %s, %d runs, over %.2f / under %.2f of %.2f",
-                trial.index,
-                ddmin.describe_subset(trial.subset, ids),
-                trial.verdict or "running",
-                len(trial.runs),
-                trial.evidence.over,
-                trial.evidence.under,
-                math.log(1 / trial.alpha),
-            )
-        if not nxt.jobs:
-            log.info("ddmin done: %s", nxt.result.outcome)
+        assert self.config is not None and self._design is not None
+        if not (self._design.adaptive and os.environ.get(PARENT_ENV) and self._planned):
             return []
-        if self._launches_nothing() and self._launched >= 0:
-            log.info("the first round shown and checked; the later rounds depend on its evidence")
-            return []
-        bench_on = bool(self.config.bench.get("enabled", True))
-        jobs = [ddmin_job(self._ddmin_base, sorted(s), rep, bench and bench_on) for s, rep, bench in nxt.jobs]
-        if self._launches_nothing():
-            # shown and checked beside the first round: the bad configuration, every difference applied,
-            # so each difference's env vars and flags meet the hosts before any start
-            bad = ddmin_job(self._ddmin_base, sorted(ids), 0, False)
-            jobs += [bad] if bad not in jobs else []
-        again = [j for j in jobs if tuple(j) in self._ddmin_launched]
-        if again:
-            raise HydraException(
-                f"design=ddmin: the runs of {again[0]} are not in the tracking store {uri} (the study "
-                f"callback records them: hydra.callbacks.study), so the search cannot go on"
-            )
-        self._ddmin_launched |= {tuple(j) for j in jobs}
-        self._launched += 1
-        log.info("ddmin round %d: %s", self._launched, "; ".join(" ".join(j[-4:-2]) for j in jobs))
-        return jobs
+        return load_study(str(self.config.tracking.uri), self.study.name)[2]
 
     def _next_round(self) -> "list[list[str]]":
-        """The next sequential round's jobs from the evidence so far (none: the study is over); logs
-        the round's evidence to the terminal and to the parent run (a metric per claim, step = round)."""
+        """The next round's jobs from the evidence so far (none: the study is over); logs where the study
+        stands to the terminal, and a sequential look to the parent run (a metric per claim, step =
+        round)."""
         import os
 
-        from orchestrator.analysis import run_used, sequential
-        from orchestrator.plan import BASELINE_LABEL
-        from orchestrator.tracking import PARENT_ENV, load_study, log_look
+        assert self.config is not None and self._design is not None
+        design, uri = self._design, str(self.config.tracking.uri)
+        if self._launches_nothing() and design.adaptive:
+            # the later rounds depend on the first one's evidence: show and check what may run first
+            if self._launched >= 0:
+                log.info("round 0 shown and checked; the later rounds depend on its evidence")
+                return []
+            self._launched = 0
+            first = design.jobs()
+            log.info("round 0: %s", ", ".join(dict.fromkeys(job.label for job in first)))
+            return [list(job.overrides) for job in first]
+        try:
+            nxt = design.next_round(self._records(), self._launched)
+        except designs.DesignError as e:
+            self._end_parent_refused([], str(e))
+            raise
+        for note in nxt.notes:
+            log.info("%s", note)
+        if nxt.look is not None:
+            from orchestrator.tracking import PARENT_ENV, log_look
 
-        assert self.config is not None and self._arms is not None
-        uri, run_id = str(self.config.tracking.uri), os.environ.get(PARENT_ENV)
-        records = load_study(uri, self.study.name)[2] if run_id and self._planned else []
-        hyps = sequential.study_hypotheses(self.study)
-        looks, nxt = sequential.next_round(
-            self.study,
-            hyps,
-            sequential.arm_runs(records, self.study, run_used),
-            BASELINE_LABEL,
-            int(self.config.workload.sessions),
-        )
-        if looks:
-            log.info("%s", sequential.describe(looks[-1], sequential.Thresholds.of(self.study.alpha)))
-            if run_id:
-                log_look(uri, run_id, looks[-1])
-        if not nxt.arms:
-            log.info("sequential study done after %d round(s): %s", len(looks), nxt.stop_reason)
+            if os.environ.get(PARENT_ENV):
+                log_look(uri, os.environ[PARENT_ENV], nxt.look)
+        if not nxt.jobs:
+            if design.adaptive:
+                log.info("%s study done after %d round(s): %s", design.name, nxt.index, nxt.stop_reason)
             return []
-        if self._launches_nothing() and self._launched >= 0:
-            log.info("round 0 shown and checked; the later rounds depend on its evidence")
-            return []
-        if nxt.round <= self._launched:
+        jobs = [list(job.overrides) for job in nxt.jobs]
+        again = [j for j in jobs if tuple(j) in self._launched_jobs]
+        if design.adaptive and again:
             raise HydraException(
-                f"design=sequential: the runs of round {self._launched} are not in the tracking store "
-                f"{uri} (the study callback records them: hydra.callbacks.study), so the next round "
-                f"cannot be chosen"
+                f"design={design.name}: the runs of {again[0]} are not in the tracking store {uri} (the "
+                f"study callback records them: hydra.callbacks.study), so the next round cannot be chosen"
             )
-        self._launched = nxt.round
-        missing = [label for label in nxt.arms if label not in self._arms]
-        if missing:
-            raise HydraException(
-                f"design=sequential needs the arms {missing}, which the sweep does not cover; sweep "
-                f"every hypothesis' factor (hydra.sweeper.params) over its baseline and treatment levels"
-            )
-        log.info("round %d: %s", nxt.round, ", ".join(nxt.arms))
-        bench_on = bool(self.config.bench.get("enabled", True))
-        return round_jobs(self._arms, nxt.arms, nxt.round, nxt.bench, bench_on)
+        self._launched_jobs |= {tuple(j) for j in jobs}
+        self._launched = nxt.index
+        return jobs
 
     def split_arguments(self, overrides, max_batch_size):  # type: ignore[override]
-        if self._ofat_batches is not None:
-            return self._ofat_batches
-        return BasicSweeper.split_arguments(overrides, max_batch_size)
+        return []  # the design's rounds are the batches (is_done / get_job_batch)
 
     def validate_batch_is_legal(self, batch) -> None:
         """Compose, type and plan every job of the batch, and have the hosts check each distinct arm,

@@ -40,7 +40,7 @@ Verdicts (hypothesis: baseline arm vs the arm that differs only in the hypothesi
   sessions per arm that would find a difference of the margin with 80% power (`stats.sessions_needed`
   at alpha / number of hypotheses, the strictest step of Holm, times the design effect).
 
-Clusters (`clusters`, from `clusters.report_block`, when runs carry a `cluster` tag): which clusters
+Clusters (`clusters`, from `clusters.clusters_report`, when runs carry a `cluster` tag): which clusters
 each arm's used runs ran on, the leases of a cluster pool, runs lost with their lease, and per arm that
 ran on two or more clusters whether its rate differs between them beyond restart variation (the verdicts
 pool clusters: reported, never folded into a verdict).
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import decode_load
-from orchestrator.analysis import cause, clusters, ddmin, sequential, stats
+from orchestrator.analysis import cause, clusters, ddmin, stats
 from orchestrator.analysis.states import (
     ArmState,
     StatePolicy,
@@ -67,6 +67,7 @@ from orchestrator.analysis.states import (
     ddmin_states,
     sequential_states,
 )
+from orchestrator.designs import for_report
 from orchestrator.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
@@ -327,14 +328,14 @@ def between_runs(runs: Sequence[RunRecord], spec: StudySpec) -> stats.Dispersion
 def clusters_block(
     spec: StudySpec, runs: Sequence[RunRecord], between: stats.Dispersion | None = None
 ) -> dict[str, Any] | None:
-    """report.json's `clusters` (`clusters.report_block`): where the arms ran, their leases, and whether an
+    """report.json's `clusters` (`clusters.clusters_report`): where the arms ran, their leases, and whether an
     arm's rate differs between clusters beyond restart variation; None when no run carries a cluster tag.
     `between`: the study's ICC, the check's fallback (default: `between_runs`)."""
     if not any(r.placement.get("cluster") for r in runs):
         return None
     if between is None:
         between = between_runs(runs, spec)
-    return clusters.report_block(spec, runs, run_used, identity, between)
+    return clusters.clusters_report(spec, runs, run_used, identity, between)
 
 
 def between_summary(between: stats.Dispersion) -> dict[str, Any]:
@@ -750,10 +751,13 @@ def analyse(
     scope = cause.in_scope(arms, base_arm["conditions"] if base_arm else conditions)
     states = arm_states(scope, between.icc, spec.ceiling, policy)
     hyps = hypotheses(arms, spec, conditions, states)
-    stopping = None
-    if (context or {}).get("design") == "sequential":
+    # an adaptive design's own block (designs.py): a sequential study's stopping trace, a ddmin search
+    design = for_report((context or {}).get("design"), spec)
+    block = design.report_block(runs) if design else None
+    stopping = block if design and design.name == "sequential" else None
+    search = block if design and design.name == "ddmin" else None
+    if stopping is not None:
         # looks taken along the way void the fixed-design p-values: the anytime-valid evidence decides
-        stopping = sequential.report_block(spec, runs, run_used)
         for row in hyps:
             decided = stopping["decisions"][row["id"]]
             last = stopping["trace"][-1]["hypotheses"][row["id"]]["evidence"] if stopping["trace"] else {}
@@ -768,7 +772,6 @@ def analyse(
         states = sequential_states(states, [(row["treatment_arm"], row["verdict"]) for row in hyps])
     tput = throughput(runs, arms, spec, conditions)
     deploy = choose_deploy(arms, hyps, tput)
-    search = ddmin.report_block(spec, runs, run_used) if spec.ddmin.differences else None
     if search is not None:
         deploy = ddmin_deploy(search, arms, tput, spec)
         states = ddmin_states(states, search["trials"], [d.id for d in spec.ddmin.differences])

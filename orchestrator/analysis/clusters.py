@@ -361,7 +361,7 @@ def _dup(arms: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> bool:
     return sum(a["label"] == arm["label"] for a in arms) > 1
 
 
-def report_block(
+def clusters_report(
     spec: Any,
     runs: Sequence[Any],
     used: Callable[[Any], bool],

@@ -328,7 +328,7 @@ def next_round(
     return Round(jobs, result)
 
 
-def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
+def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
     """report.json's `ddmin` block: the differences, every subset tried (in order) with its runs,
     verdict and evidence against its threshold, the steps of the search, the minimal set, the
     configuration to deploy, the error bound, and the sessions spent against a one-at-a-time sweep."""

@@ -560,7 +560,7 @@ def arm_runs(records: Sequence[Any], spec: Any, used: Callable[[Any], bool]) -> 
     return out
 
 
-def report_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
+def stopping_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
     """report.json's `stopping` block: the trace (per round: arms run, ICC, per hypothesis its
     evidence against the thresholds and its decision), the final decisions, sessions spent per arm,
     and what a fixed design running every arm for as many rounds would have spent."""
