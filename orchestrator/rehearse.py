@@ -8,10 +8,11 @@ the level of session outcomes, through the same analysis that judges real runs (
 e.g. `... repetition=0,1,2,3` rehearses four runs per arm, as the same override would run them.
 
 The study, its design and its workload come from the composed config, as `python -m orchestrator`
-sees them: the arms are the baseline and each hypothesis' treatment arm (the arms its verdicts use),
-`repetition` of the sweep (or of the command line) gives the runs per arm, `workload.sessions` the
-sessions per run. Each arm's truth comes from the fault model (the built-in one, or
-`fault_model=PATH`): the arm is planned as a real job would be (`plan.plan_arm`), its two roles'
+sees them: the design is built as the sweeper builds it (`designs.choose`, `designs.build`, from
+`hydra.sweeper.params` and the command line), and every study runs through `rehearsed_study`, the one
+loop that asks the design's `next_round` for jobs, as the sweeper does, and draws each job's run. Each
+job's truth comes from the fault model (the built-in one, or `fault_model=PATH`): the job is composed
+with its exact overrides and planned as a real job would be (`plan.plan_arm`), its two roles'
 effective configs (parsed by the sim's own parsers) pick the model's rule, and the rule gives
 - the session rate q = 1 - (1 - p)^rounds, p the rule's per-turn probability at the workload's
   concurrency (every session concurrent unless `workload.concurrency` says otherwise: the decode's load
@@ -30,13 +31,13 @@ in which at least one non-causal hypothesis was implicated or partial), `hypothe
 with no wrong verdict), `all_expected`, `sessions_per_study` (mean), and the estimated ICC.
 
 With `hydra.sweeper.design=sequential` (or an experiment that sets it, e.g. dsv4_sequential) each study
-runs in rounds through `sequential.next_round`, the code the sweeper calls, until it stops, and is judged
-as a sequential study's report is; `rehearse.kill_rate=Q` kills each run part-way with probability Q
-(never pooled, as a real killed run). The output adds `rounds_per_study`, `sessions_per_arm` and
-`fixed_design_sessions` (every arm for `study.stopping.max_runs_per_arm` starts).
+runs in rounds until it stops; `rehearse.kill_rate=Q` kills each run part-way with probability Q (never
+pooled, as a real killed run). The output adds `rounds_per_study`, `sessions_per_arm` and
+`fixed_design_sessions` (every arm for `study.stopping.max_runs_per_arm` starts). Every rehearsed study
+is judged by `analysis.analyse`, as a real study's report is.
 
-The cores, `rehearse` and `rehearse_sequential`, are pure: (study, arm truths, design, studies, seed) ->
-tallies.
+The cores, `rehearse`, `rehearse_sequential` and `rehearse_ddmin`, are pure: (study, design, arm truths,
+studies, seed) -> tallies.
 """
 
 from __future__ import annotations
