@@ -173,7 +173,7 @@ leftovers() {
   nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader || true
   nvidia-smi --query-gpu=memory.used --format=csv,noheader || true
   echo "sglang processes:"
-  ps -eo pid,pgid,etimes,args | grep -e sglang -e launch_router | grep -v -e grep -e leftovers || echo none
+  ps -eo pid,pgid,etimes,args | grep -e sglang.launch_server -e sglang_router -e sglang:: | grep -v grep || echo none
 }
 
 device() {

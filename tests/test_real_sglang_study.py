@@ -9,14 +9,14 @@ from orchestrator.gpu.device_run import batches_by_start, render_section, starts
 from orchestrator.observe import parse_decode_log
 from tests.conftest import plan_of
 
-# lines of a real 0.5.17 decode log (PD decode, one H200; FINDINGS.md of the probe and reports/real_sglang)
+# lines of real 0.5.17 decode logs on the H200 (reports/real_sglang/logs.tgz; the non-PD line from the probe's FINDINGS.md)
 DECODE_LOG = """\
-[2026-12-03 00:48:20] Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[4, 8, 12, 16]
-[2026-12-03 00:48:54] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8]
-[2026-12-03 00:48:55] The server is fired up and ready to roll!
+[2026-12-03 05:48:45] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8, 12, 16], avail mem=74.39 GB
+[2026-12-03 05:48:47] Capture target decode CUDA graph end. elapsed=1.43 s, mem usage=0.04 GB, avail mem=74.35 GB.
+[2026-12-03 05:48:48] The server is fired up and ready to roll!
+[2026-12-03 05:48:51] Decode batch, #running-req: 1, #token: 39, token usage: 0.00, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, #retracted-req: 0, cuda graph: True, gen throughput (token/s): 2.15, #queue-req: 0
 [2026-12-03 00:49:01] Decode batch, #running-req: 1, #token: 382, token usage: 0.00, cuda graph: True, gen throughput (token/s): 829.98, #queue-req: 0
-[2026-12-03 00:49:02] Decode batch, #running-req: 3, #token: 1024, token usage: 0.00, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, #retracted-req: 0, cuda graph: True, gen throughput (token/s): 2101.50, #queue-req: 0
-[2026-12-03 00:49:03] Decode batch, #running-req: 2, #token: 900, token usage: 0.00, cuda graph: False, gen throughput (token/s): 700.10, #queue-req: 0
+[2026-12-03 05:56:54] Decode batch, #running-req: 1, #token: 39, token usage: 0.00, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, #retracted-req: 0, cuda graph: False, gen throughput (token/s): 1.67, #queue-req: 0
 """
 
 
@@ -44,8 +44,8 @@ def test_the_real_decode_log_gives_captured_and_eager_batches():
     assert facts.ready and facts.graph_capture_seen
     assert (facts.capture_batches, facts.eager_batches) == (2, 1)
     # the prefill graph's capture is not the decode's
-    prefill_only = "\n".join(line for line in DECODE_LOG.splitlines() if "target decode" not in line)
-    assert not parse_decode_log(prefill_only).graph_capture_seen
+    prefill = DECODE_LOG.replace("target decode", "target prefill")
+    assert not parse_decode_log(prefill).graph_capture_seen
 
 
 # /metrics of a real 0.5.17 decode (labels as its SchedulerMetricsCollector writes them)
@@ -89,3 +89,6 @@ def test_the_study_log_gives_each_start_and_the_section_shows_it():
     section = render_section("NVIDIA H200, 580.159.04", starts, batches, "study 300 s", "none")
     assert "| baseline | 0 | 20.0 | 21.1 | 18.2 | yes | 2 | 1 |  |" in section
     assert "| capture=eager | 1 | - | - | - | - | - | - | decode: not healthy within 300s |" in section
+    # a start whose decode never served shows no batches, even where a later start of its arm has a log
+    again = render_section("", starts, {("0061e5b6502e", 1): batches[("e1ac15514731", 0)]}, "", "")
+    assert "| capture=eager | 1 | - | - | - | - | - | - |" in again

@@ -88,7 +88,9 @@ def render_section(
     ]
     for s in starts:
         h = s["healthy_s"]
-        b = batches.get((s["signature"][:12], s["repetition"]), {})
+        # a start whose decode never served has no batches (a later start of the same arm and repetition,
+        # after a resume, has its own log)
+        b = batches.get((s["signature"][:12], s["repetition"]), {}) if "decode" in h else {}
 
         def cell(role: str, h: Mapping[str, float] = h) -> str:
             return f"{h[role]:.1f}" if role in h else "-"
