@@ -160,7 +160,8 @@ def test_a_recycled_pid_in_a_stale_pid_file_is_left_alone(compose_cfg, deploymen
 # a stand-in server that takes a while to listen, as a real one loads and captures first
 SLOW_SERVER = (
     "import runpy, sys, time; time.sleep({delay}); "
-    "sys.argv = ['http.server', '{port}', '--bind', '127.0.0.1']; runpy.run_module('http.server', run_name='__main__')"
+    "sys.argv = ['http.server', '{port}', '--bind', '127.0.0.1']; "
+    "runpy.run_module('http.server', run_name='__main__')"
 )
 
 
@@ -169,7 +170,9 @@ def test_servers_that_share_a_gpu_start_one_after_the_other(compose_cfg, deploym
     cfg = _cfg(compose_cfg)
     plan = _plan(cfg)
     port = cfg.cluster.hosts.prefill.port
-    slow = replace(plan.roles["prefill"], argv=[sys.executable, "-c", SLOW_SERVER.format(delay=1.5, port=port)])
+    slow = replace(
+        plan.roles["prefill"], argv=[sys.executable, "-c", SLOW_SERVER.format(delay=1.5, port=port)]
+    )
     plan = replace(plan, roles={**plan.roles, "prefill": slow}, sequential_start=sequential)
     events: list[str] = []
     d = Deployment(plan, {r: LocalTransport() for r in ROLES}, run_label="share", on_event=events.append)
@@ -204,14 +207,22 @@ def test_the_router_gate_waits_until_the_real_router_has_registered_both_servers
     gate.join(60)
     assert "router" in d.startup_s
     servers = {r: server_url(plan.roles[r].host) for r in ("prefill", "decode")}
-    assert router_waiting_for(http_get(plan.router_url + "/workers", timeout=5.0, limit=1 << 20)[1], servers) == []
+    assert (
+        router_waiting_for(http_get(plan.router_url + "/workers", timeout=5.0, limit=1 << 20)[1], servers)
+        == []
+    )
 
 
 # /workers as the real sglang-router 0.3.2 answered it (bodies trimmed to the keys the gate reads, plus one)
 WORKERS = {
     "workers": [
         {"url": "http://127.0.0.1:30001", "worker_type": "decode", "is_healthy": True, "load": 0},
-        {"url": "http://127.0.0.1:30000", "worker_type": "prefill", "is_healthy": True, "bootstrap_port": 8998},
+        {
+            "url": "http://127.0.0.1:30000",
+            "worker_type": "prefill",
+            "is_healthy": True,
+            "bootstrap_port": 8998,
+        },
     ],
     "total": 2,
     "stats": {"prefill_count": 1, "decode_count": 1, "regular_count": 0},
@@ -222,7 +233,10 @@ SERVERS = {"prefill": "http://127.0.0.1:30000", "decode": "http://127.0.0.1:3000
 def test_router_waiting_for_reads_the_routers_worker_list():
     assert router_waiting_for(json.dumps(WORKERS), SERVERS) == []
     empty = '{"workers":[],"total":0,"stats":{"prefill_count":0,"decode_count":0,"regular_count":0}}'
-    assert router_waiting_for(empty, SERVERS) == ["prefill http://127.0.0.1:30000", "decode http://127.0.0.1:30001"]
+    assert router_waiting_for(empty, SERVERS) == [
+        "prefill http://127.0.0.1:30000",
+        "decode http://127.0.0.1:30001",
+    ]
     sick = json.loads(json.dumps(WORKERS))
     sick["workers"][0]["is_healthy"] = False
     assert router_waiting_for(json.dumps(sick), SERVERS) == ["decode http://127.0.0.1:30001"]

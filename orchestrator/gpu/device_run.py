@@ -24,11 +24,15 @@ from typing import Any
 from orchestrator.observe import parse_decode_log
 
 # orchestrator.arm logs "arm <label>, repetition <r>, signature <sig>", then deploy.py its events
-ARM_LINE = re.compile(r"arm (?P<label>\S+), repetition (?P<repetition>\d+), signature (?P<signature>[0-9a-f]+)")
+ARM_LINE = re.compile(
+    r"arm (?P<label>\S+), repetition (?P<repetition>\d+), signature (?P<signature>[0-9a-f]+)"
+)
 HEALTHY_LINE = re.compile(r"\b(?P<role>prefill|decode|router) healthy after (?P<seconds>[0-9.]+)s")
 FAILED_LINE = re.compile(r"arm (?P<label>\S+) failed: (?P<reason>.*)")
 # a start's log: <study>-<signature>-r<repetition>-<run id>.<role>.log
-LOG_NAME = re.compile(r"^.+?-(?P<signature>[0-9a-f]{12})-r(?P<repetition>\d+)(-[0-9a-f]+)?\.(?P<role>\w+)\.log$")
+LOG_NAME = re.compile(
+    r"^.+?-(?P<signature>[0-9a-f]{12})-r(?P<repetition>\d+)(-[0-9a-f]+)?\.(?P<role>\w+)\.log$"
+)
 
 
 def starts_from_study_log(text: str) -> list[dict[str, Any]]:
@@ -83,7 +87,8 @@ def render_section(
         "decode's batches as its own log counts them (`Decode batch ... cuda graph: True|False`, one line "
         "per `--decode-log-interval` steps).",
         "",
-        "| arm | rep | prefill s | decode s | router s | graph captured | captured batches | eager batches | failed |",
+        "| arm | rep | prefill s | decode s | router s | graph captured | captured batches "
+        "| eager batches | failed |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in starts:
@@ -97,8 +102,8 @@ def render_section(
 
         out.append(
             f"| {s['label']} | {s['repetition']} | {cell('prefill')} | {cell('decode')} | {cell('router')} | "
-            f"{'yes' if b.get('graph_capture_seen') else 'no' if b else '-'} | {b.get('capture_batches', '-')} | "
-            f"{b.get('eager_batches', '-')} | {s['failed'] or ''} |"
+            f"{'yes' if b.get('graph_capture_seen') else 'no' if b else '-'} | "
+            f"{b.get('capture_batches', '-')} | {b.get('eager_batches', '-')} | {s['failed'] or ''} |"
         )
     out += ["", "### Cost of each step", "", "```", steps.strip(), "```"]
     out += ["", "### Left running after the study", "", "```", leftovers.strip(), "```", ""]
@@ -106,7 +111,9 @@ def render_section(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.gpu.device_run", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.gpu.device_run", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--note", action="append", default=[], help="a paragraph for the section")
@@ -126,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     starts = starts_from_study_log(read("study.log"))
     logs = {p.name: p.read_text(errors="replace") for p in sorted((res / "logs").glob("*.decode.log"))}
     batches = batches_by_start(logs)
-    section = render_section(read("device.txt"), starts, batches, read("steps.txt"), read("leftovers.txt"), args.note)
+    section = render_section(
+        read("device.txt"), starts, batches, read("steps.txt"), read("leftovers.txt"), args.note
+    )
     report = args.out / "report.md"
     report.write_text((report.read_text() if report.exists() else "") + section)
     record = {
