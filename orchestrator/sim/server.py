@@ -222,12 +222,17 @@ class SimServer:
         log.info("KV Cache is allocated. #tokens: 1000000")
         if captured:
             sizes = [b for b in CUDA_GRAPH_SIZES if b <= decode_graph_max_bs(self.args)]
-            log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=21.90 GB")
+            # as sglang 0.5.17 logs it (its decode log on the H200, reports/real_sglang)
+            log.info(
+                "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=%s, "
+                "avail mem=21.90 GB",
+                sizes,
+            )
             t0 = time.monotonic()
             await self.decode.capture(sizes, startup * 0.5)
-            log.info("Capture cuda graph bs %s", sizes)
             log.info(
-                "Capture cuda graph end. Time elapsed: %.2f s. mem usage=0.81 GB. avail mem=21.09 GB.",
+                "Capture target decode CUDA graph end. elapsed=%.2f s, mem usage=0.81 GB, "
+                "avail mem=21.09 GB.",
                 time.monotonic() - t0,
             )
         log.info(

@@ -156,7 +156,7 @@ def test_an_overridden_flag_is_in_effect_and_reported_by_server_info(cluster):
         "Overriding disable_decode_cuda_graph=True -> False (HEISENHUNT_SIM_OVERRIDE_ARGS)" in log
         and log.count("Overriding ") == 1
     )
-    assert "Capture cuda graph end" in log and "deprecated" not in log
+    assert "Capture target decode CUDA graph end" in log and "deprecated" not in log
 
 
 def test_the_deprecated_switch_runs_eager_warns_and_reports_both_phases_off(cluster):
@@ -168,7 +168,7 @@ def test_the_deprecated_switch_runs_eager_warns_and_reports_both_phases_off(clus
     counters = sim_counters(decode.url)
     assert counters["eager_steps"] > 0 and counters["captured_steps"] == 0
     log = c.log("decode")
-    assert "'--disable-cuda-graph' is deprecated" in log and "Capture cuda graph" not in log
+    assert "'--disable-cuda-graph' is deprecated" in log and "Capture target decode CUDA graph" not in log
 
 
 @pytest.mark.parametrize(
