@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from orchestrator.analysis import verdict_groups
 from orchestrator.analysis.consistency import SHAPES, check_shape
 from orchestrator.report.check import disagreements
 
@@ -85,6 +86,28 @@ def test_each_kind_of_contradiction_is_found(dsv4_report):
     for expected, change in cases.items():
         found = doctored(change)
         assert any(expected in line for line in found), (expected, found)
+
+
+def test_a_headline_that_implicates_nothing_names_every_other_verdict_as_the_hypotheses_do(dsv4_report):
+    report = copy.deepcopy(dsv4_report)
+    verdicts = {"H-capture": "exonerated", "H-index_k": "inconclusive", "H-multi_stream": "partial"}
+    for row in report["hypotheses"]:
+        row["verdict"] = verdicts.get(row["id"], "exonerated")
+    listed = "No hypothesis implicated (baseline corruption 9/240 (3.8%))" + verdict_groups(
+        report["hypotheses"]
+    )
+    report["headline"] = listed + "."
+    assert (
+        "; partial: H-multi_stream; exonerated: H-capture, H-hicache; inconclusive: H-index_k (their"
+        in listed
+    ), listed
+    assert [p for p in disagreements(report) if p.startswith("headline")] == []
+    # the wording before: "see the inconclusive rows" where one was exonerated and none inconclusive
+    report["headline"] = (
+        "No hypothesis implicated (baseline 9/240); see the inconclusive rows for the sessions needed."
+    )
+    found = [p for p in disagreements(report) if p.startswith("headline")]
+    assert "headline: names none exonerated; the hypotheses say ['H-capture', 'H-hicache']" in found, found
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

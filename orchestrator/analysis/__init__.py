@@ -679,11 +679,28 @@ def headline(
             f"The baseline arm showed no corruption (0/{base['n']}, upper bound {base['upper_bound']:.1%})."
         )
     if not implicated:
-        return f"No hypothesis implicated ({base_txt}); see the inconclusive rows for the sessions needed."
+        return f"No hypothesis implicated ({base_txt}){verdict_groups(hyps)}."
     names = ", ".join(f"{h['id']} ({h['treatment_label']})" for h in implicated)
     text = f"Implicated: {names}; {base_txt}."
     if deploy:
         text += f" Fix: deploy `{deploy['label']}` (throughput: {deploy['throughput_verdict']})."
+    return text
+
+
+# the verdicts a headline without an implicated hypothesis lists, in this order (report/check.py reads them)
+HEADLINE_GROUPS = ("partial", "exonerated", "inconclusive")
+
+
+def verdict_groups(hyps: Sequence[Mapping[str, Any]]) -> str:
+    """ "; partial: H-a; exonerated: H-b, H-c; inconclusive: H-d (its row gives the sessions that would
+    decide it)": what the hypotheses say, for a headline that implicates none."""
+    text = ""
+    for verdict in HEADLINE_GROUPS:
+        ids = [h["id"] for h in hyps if h["verdict"] == verdict]
+        if ids:
+            text += f"; {verdict}: {', '.join(ids)}"
+    if any(h["verdict"] == "inconclusive" for h in hyps):
+        text += " (their rows give the sessions that would decide them)"
     return text
 
 

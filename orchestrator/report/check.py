@@ -22,10 +22,13 @@ the study's one arm states say (`report.json`'s `arm_states`, analysis/states.py
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from orchestrator.analysis import HEADLINE_GROUPS
 
 TOLERANCE = 1e-9
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
@@ -121,10 +124,26 @@ def _headline_problems(report: Mapping[str, Any], states: Mapping[str, Mapping[s
         for row in report.get("hypotheses") or []:
             if row["id"] not in implicated and f"{row['id']} (" in named:
                 out.append(f"headline: names {row['id']} implicated; the hypotheses say {row['verdict']}")
+        out += _group_problems(headline, report.get("hypotheses") or [])
     deploy = report.get("deploy") or {}
     fix = deploy.get("arm")
     if fix and fix in states and states[fix]["state"] != "clean":
         out.append(f"the fix to deploy, {states[fix]['label']}, is {states[fix]['state']}, not clean")
+    return out
+
+
+def _group_problems(headline: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A headline that implicates nothing lists the other verdicts (`analysis.verdict_groups`): each list
+    must be exactly the hypotheses with that verdict."""
+    if not headline.startswith("No hypothesis implicated"):
+        return []
+    out = []
+    for verdict in HEADLINE_GROUPS:
+        want = sorted(r["id"] for r in rows if r["verdict"] == verdict)
+        found = re.search(rf"; {verdict}: (.+?)(?=;| \(|\.$)", headline)
+        named = sorted(x.strip() for x in found.group(1).split(",")) if found else []
+        if named != want:
+            out.append(f"headline: names {named or 'none'} {verdict}; the hypotheses say {want or 'none'}")
     return out
 
 
