@@ -4,11 +4,19 @@ parsers the arms use, and the study log read by orchestrator.gpu.device_run."""
 
 from __future__ import annotations
 
+import logging
+import random
+import re
 from pathlib import Path
 
 from orchestrator.decode_load import parse_load
 from orchestrator.gpu.device_run import batches_by_start, render_section, starts_from_study_log
 from orchestrator.observe import parse_decode_log
+from orchestrator.sim import engine as engine_module
+from orchestrator.sim.args import parse_args
+from orchestrator.sim.engine import DecodeEngine, SimCounters
+from orchestrator.sim.envs import effective_env
+from orchestrator.sim.faults import RoleConfig, load_fault_model
 from tests.conftest import plan_of
 
 LINES = Path(__file__).parent / "real_sglang_lines"
@@ -70,3 +78,20 @@ def test_the_study_log_gives_each_start_and_the_section_shows_it():
     # a start whose decode never served shows no batches, even where a later start of its arm has a log
     again = render_section("", starts, {("0061e5b6502e", 1): batches[("e1ac15514731", 0)]}, "", "")
     assert "| capture=eager | 1 | - | - | - | - | - | - |" in again
+
+
+def _fields(line: str) -> list[str]:
+    return re.findall(r"(#?[a-z][a-z ()/-]*?): ", line.split("Decode batch, ", 1)[1])
+
+
+def test_the_sims_pd_decode_line_has_the_real_ones_fields_in_their_order(caplog):
+    """The sim writes its decode-batch line as real 0.5.17 does in PD (KV-transfer queues included), so a
+    parser written against the sim reads the real server too."""
+    real = next(line for line in DECODE_LOG.splitlines() if "#transfer-req" in line)
+    config = RoleConfig("decode", effective_env({})[0], vars(parse_args(["--model-path", "m"])))
+    engine = DecodeEngine(load_fault_model(), config, 0.0, SimCounters(), random.Random(1))
+    with caplog.at_level(logging.INFO, logger=engine_module.log.name):
+        engine._log_batch(3, captured=True)
+    sim = next(r.getMessage() for r in caplog.records if "Decode batch" in r.getMessage())
+    assert _fields(sim) == _fields(real), (sim, real)
+    assert parse_decode_log(sim).capture_batches == 1

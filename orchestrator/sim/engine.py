@@ -443,12 +443,20 @@ class DecodeEngine:
         self.counters.last_gen_throughput = throughput
         self._log_tokens, self._log_since = 0, now
         tokens = sum(r.prompt_tokens + r.pos for r in self.running)
+        # a PD decode server's line carries its KV-transfer queues too (sglang 0.5.17, as the H200 run
+        # logged it: tests/real_sglang_lines/decode.log); the sim hands KV over at once, so they are 0
+        pd = (
+            "pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 0, #retracted-req: 0, "
+            if self.config.role == "decode"
+            else ""
+        )
         log.info(
-            "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, cuda graph: %s, "
+            "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, %scuda graph: %s, "
             "gen throughput (token/s): %.2f, #queue-req: %d",
             batch,
             tokens,
             min(1.0, tokens / 1_000_000),
+            pd,
             captured,
             throughput,
             len(self.waiting),
