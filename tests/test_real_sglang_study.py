@@ -95,3 +95,24 @@ def test_the_sims_pd_decode_line_has_the_real_ones_fields_in_their_order(caplog)
     sim = next(r.getMessage() for r in caplog.records if "Decode batch" in r.getMessage())
     assert _fields(sim) == _fields(real), (sim, real)
     assert parse_decode_log(sim).capture_batches == 1
+
+
+def test_the_committed_report_is_what_its_own_mlflow_store_gives(tmp_path, monkeypatch):
+    """reports/real_sglang keeps the H200 run's MLflow store beside the report; rebuilt here, the way its
+    report.md says, it gives the committed report.json to the byte."""
+    import json
+    import shutil
+    import tarfile
+
+    from orchestrator.callbacks import build_report
+
+    committed = Path(__file__).parent.parent / "reports" / "real_sglang"
+    store = tmp_path / "reports" / "real_sglang"
+    store.mkdir(parents=True)
+    shutil.copy(committed / "mlruns.db", store)
+    with tarfile.open(committed / "mlruns-artifacts.tgz") as tar:
+        tar.extractall(store, filter="data")
+    monkeypatch.chdir(tmp_path)
+    build_report("sqlite:///reports/real_sglang/mlruns.db", "real_sglang", tmp_path / "out", plots=False)
+    rebuilt = json.loads((tmp_path / "out" / "real_sglang" / "report.json").read_text())
+    assert rebuilt == json.loads((committed / "report.json").read_text())
