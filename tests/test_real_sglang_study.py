@@ -116,3 +116,26 @@ def test_the_committed_report_is_what_its_own_mlflow_store_gives(tmp_path, monke
     build_report("sqlite:///reports/real_sglang/mlruns.db", "real_sglang", tmp_path / "out", plots=False)
     rebuilt = json.loads((tmp_path / "out" / "real_sglang" / "report.json").read_text())
     assert rebuilt == json.loads((committed / "report.json").read_text())
+
+
+def test_a_device_stores_artifact_paths_are_made_relative_to_the_checkout(tmp_path):
+    import sqlite3
+
+    from orchestrator.gpu.device_run import relocate_artifacts
+
+    db = tmp_path / "mlruns.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE runs (artifact_uri TEXT)")
+        con.execute("CREATE TABLE experiments (artifact_location TEXT)")
+        con.execute("INSERT INTO runs VALUES ('/tmp/rs/tree/mlruns/abc/artifacts'), (NULL)")
+        con.execute("INSERT INTO experiments VALUES ('/tmp/rs/tree/mlruns/0')")
+    assert relocate_artifacts(db, "reports/x/mlruns") == 2
+    assert relocate_artifacts(db, "reports/x/mlruns") == 0  # already there
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT artifact_uri FROM runs").fetchall() == [
+            ("reports/x/mlruns/abc/artifacts",),
+            (None,),
+        ]
+        assert con.execute("SELECT artifact_location FROM experiments").fetchall() == [
+            ("reports/x/mlruns/0",)
+        ]

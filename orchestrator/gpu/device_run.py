@@ -7,7 +7,10 @@ orchestrator.observe), the cost of each step of the run, and what was left runni
 
 RESULTS is what scripts/real-sglang.sh packs there: `study/` (report.md, report.json, plots),
 `logs/<run label>.<role>.log`, `device.txt`, `study.log`, `steps.txt`, `leftovers.txt`. Writes into --out:
-the study's files, report.md with the section appended, device_run.json. Everything but `main` is pure.
+the study's files, report.md with the section appended, device_run.json, and the MLflow store
+(`mlruns.db`, `mlruns-artifacts.tgz`) with its artifact paths made relative to the checkout's root
+(`relocate_artifacts`), so the report rebuilds here. Everything but `main` and `relocate_artifacts` is
+pure.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import dataclasses
 import json
 import re
 import shutil
+import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,6 +114,21 @@ def render_section(
     return "\n".join(out)
 
 
+def relocate_artifacts(db: Path, root: str) -> int:
+    """Point an MLflow sqlite store's artifact paths (absolute paths on the machine that ran it, each
+    `.../mlruns/<...>`) at `root` + `/<...>`, a folder relative to the checkout's root where
+    mlruns-artifacts.tgz unpacks. Returns the rows changed."""
+    with sqlite3.connect(db) as con:
+        changed = 0
+        for table, column in (("runs", "artifact_uri"), ("experiments", "artifact_location")):
+            for key, value in con.execute(f"SELECT rowid, {column} FROM {table}").fetchall():
+                _, sep, tail = (value or "").rpartition("/mlruns")
+                if sep and not value.startswith(root):
+                    con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (root + tail, key))
+                    changed += 1
+    return changed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.gpu.device_run", description=__doc__.splitlines()[0]
@@ -130,6 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in study.iterdir():
             if path.is_file():
                 shutil.copy2(path, args.out / path.name)
+    if (res / "mlruns.db").exists():
+        shutil.copy2(res / "mlruns.db", args.out / "mlruns.db")
+        out = args.out.resolve()
+        checkout = Path(__file__).resolve().parents[2]
+        where = out.relative_to(checkout) if out.is_relative_to(checkout) else out
+        relocate_artifacts(args.out / "mlruns.db", f"{where}/mlruns")
+    if (res / "mlruns-artifacts.tgz").exists():
+        shutil.copy2(res / "mlruns-artifacts.tgz", args.out / "mlruns-artifacts.tgz")
     starts = starts_from_study_log(read("study.log"))
     logs = {p.name: p.read_text(errors="replace") for p in sorted((res / "logs").glob("*.decode.log"))}
     batches = batches_by_start(logs)
