@@ -205,7 +205,8 @@ class Sequential:
         return [self._job(label, 0, self.bench_on) for label in self.arms]
 
     def next_round(self, records: Sequence[Any], launched: int) -> Round:
-        from orchestrator.analysis import run_used, sequential
+        from orchestrator.analysis import sequential
+        from orchestrator.analysis.runs import run_used
 
         hyps = sequential.study_hypotheses(self.spec)
         looks, nxt = sequential.next_round(
@@ -225,7 +226,8 @@ class Sequential:
         return Round(nxt.round, jobs, (*notes, f"round {nxt.round}: {', '.join(nxt.arms)}"), look)
 
     def report_block(self, records: Sequence[Any]) -> dict[str, Any]:
-        from orchestrator.analysis import run_used, sequential
+        from orchestrator.analysis import sequential
+        from orchestrator.analysis.runs import run_used
 
         return sequential.stopping_block(self.spec, records, run_used)
 
@@ -265,7 +267,8 @@ class Ddmin:
         return first + ([bad] if bad.overrides not in {j.overrides for j in first} else [])
 
     def next_round(self, records: Sequence[Any], launched: int) -> Round:
-        from orchestrator.analysis import ddmin, run_used
+        from orchestrator.analysis import ddmin
+        from orchestrator.analysis.runs import run_used
 
         runs, started = ddmin.runs_from_records(records, self.ids, run_used)
         nxt = ddmin.next_round(self.ids, runs, started, ddmin.Settings.of(self.spec))
@@ -282,7 +285,8 @@ class Ddmin:
         return Round(launched + 1, jobs, (*notes, f"ddmin round {launched + 1}: {step}"))
 
     def report_block(self, records: Sequence[Any]) -> dict[str, Any]:
-        from orchestrator.analysis import ddmin, run_used
+        from orchestrator.analysis import ddmin
+        from orchestrator.analysis.runs import run_used
 
         return ddmin.search_block(self.spec, records, run_used)
 

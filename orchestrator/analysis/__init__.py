@@ -55,11 +55,11 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import decode_load
 from orchestrator.analysis import cause, clusters, ddmin, stats
+from orchestrator.analysis.runs import LevelSample, RunRecord, identity, run_used
 from orchestrator.analysis.states import (
     ArmState,
     StatePolicy,
@@ -84,54 +84,6 @@ POWER = 0.8
 N_BOOT = 2000
 
 
-@dataclass(frozen=True)
-class LevelSample:
-    """One concurrency level of one run's throughput sweep."""
-
-    concurrency: int
-    tok_s: float
-    ttft_p50_s: float = math.nan
-    ttft_p99_s: float = math.nan
-    itl_p50_s: float = math.nan
-    itl_p99_s: float = math.nan
-    errors: int = 0
-    request_tokens: tuple[float, ...] = ()
-    request_latency_s: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What the analysis needs of one child run (an arm x repetition), as read back from MLflow."""
-
-    run_id: str
-    status: str  # FINISHED | FAILED | KILLED | RUNNING
-    signature: str
-    repetition: int
-    factors: dict[str, str]
-    outcomes: str = "none"  # none | partial | complete: whether stress outcomes were logged
-    clean: int = 0
-    corrupted: int = 0
-    errored: int = 0
-    planned: int = 0
-    reason: str = ""
-    client_bound: bool = False
-    missing_usage: int = 0  # bench responses without a usage block (the server's doing)
-    # detector family -> sessions with a finding of it, counted or noted beside (absent: not logged)
-    families: dict[str, int] = field(default_factory=dict)
-    bench: tuple[LevelSample, ...] = ()
-    # role -> {"env": {NAME: value}, "flags": "...", "argv": "..."} (already redacted)
-    config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    facts: dict[str, float] = field(default_factory=dict)
-    # what else changes what a session measures (deployment, workload settings): part of the arm's identity
-    conditions: dict[str, str] = field(default_factory=dict)
-    # the decode's load during the stress run (decode_load.from_record): planned, measured, unknown (why),
-    # mean, p50, max; {} for runs logged before it was recorded
-    decode_load: dict[str, Any] = field(default_factory=dict)
-    # where it ran: its `cluster` tag and, on a pool, `cluster_pool`, `cluster_pool.member` and `lease.*`
-    # (clusters.placement_of); {} for runs logged before runs recorded it (cluster unknown)
-    placement: dict[str, str] = field(default_factory=dict)
-
-
 # --- small helpers ---------------------------------------------------------------------------------
 
 
@@ -144,19 +96,6 @@ def clean_float(x: float | None) -> float | None:
 
 def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "big")
-
-
-def identity(run: RunRecord) -> str:
-    """The arm a run belongs to: its signature, and a short hash of its conditions when it has any."""
-    if not run.conditions:
-        return run.signature
-    text = "|".join(f"{k}={v}" for k, v in sorted(run.conditions.items()))
-    return f"{run.signature}/{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-
-
-def run_used(run: RunRecord) -> bool:
-    """Whether a run's stress outcomes are pooled: FINISHED with complete outcomes (see the module doc)."""
-    return run.status == "FINISHED" and run.outcomes == "complete"
 
 
 # --- arms ------------------------------------------------------------------------------------------
