@@ -19,6 +19,7 @@ import logging
 import shlex
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -235,7 +236,8 @@ class Deployment:
             return False, f"HTTP {status}: {body[:200]}" if status else body
         if role != "router":
             return True, ""
-        url = self.plan.router_url + ROUTER_WORKERS_PATH
+        # beside its health URL on the same server (the plan's router_url may name another address)
+        url = urllib.parse.urljoin(self.plan.roles[role].health_url, ROUTER_WORKERS_PATH)
         status, body = http_get(url, timeout=5.0, limit=1 << 20)
         if status == 404:  # a router without the list: its health is all there is to wait for
             return True, ""

@@ -92,9 +92,9 @@ def test_tool_calls_through_the_real_router(cluster):
     assert f'sglang:generation_tokens_total{{model_name="{MODEL}"}} {generated}' in metrics
     assert 'mode="decode_cuda_graph"} 0' not in metrics  # batches of 1 ran in captured graphs
     log = c.log("decode")
-    assert "Capture target decode CUDA graph end" in log and log.index("Capture target decode CUDA graph end") < log.index(
-        "The server is fired up and ready to roll!"
-    )
+    assert "Capture target decode CUDA graph end" in log and log.index(
+        "Capture target decode CUDA graph end"
+    ) < log.index("The server is fired up and ready to roll!")
 
 
 def test_health_is_503_while_starting(cluster, tmp_path: Path):
