@@ -92,7 +92,7 @@ class RunLoad:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeLoad:
+class ArmDecodeLoad:
     """The decode's load over an arm's pooled runs (`analysis.arm_decode_load`)."""
 
     planned: int | None
@@ -136,7 +136,7 @@ class Arm:
     # role -> {"env": ..., "flags": ..., "argv": ..., "origin": ...}, as the run logged it (redacted)
     config: Mapping[str, Any]
     throughput: tuple[ThroughputLevel, ...]
-    decode_load: DecodeLoad | None
+    decode_load: ArmDecodeLoad | None
     state: str | None
 
 
@@ -698,7 +698,7 @@ def from_json(cls: Any, data: Any, path: str = "") -> Any:
             raise ResultError(f"{path or '$'}: unions of several types are not supported ({cls})")
         return from_json(others[0], data, path)
     if origin in (tuple, list):
-        if not isinstance(data, list):
+        if not isinstance(data, (list, tuple)):  # a tuple: analysis' own value, before it is JSON
             raise ResultError(f"{path or '$'}: expected an array, got {type(data).__name__}")
         item = get_args(cls)[0]
         items = [from_json(item, v, _at(path, i)) for i, v in enumerate(data)]
