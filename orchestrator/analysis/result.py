@@ -153,7 +153,7 @@ class ArmStateRow:
     state: str
     bounds: tuple[float, ...] | None
     confidence: float | None
-    leaning: str
+    leaning: str | None
     sessions_needed: int | None
     source: str
 
@@ -420,7 +420,7 @@ class CauseArm:
     bounds: tuple[float, ...] | None
     counts: tuple[int, ...]
     confidence: float | None
-    leaning: str
+    leaning: str | None
     sessions_needed: int | None
 
 
