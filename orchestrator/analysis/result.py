@@ -17,9 +17,9 @@ other field is always written; null is `None`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
-import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from orchestrator.schema import StudyConf
@@ -46,7 +46,12 @@ ABSENT: Any = _Absent()
 
 
 class ResultError(ValueError):
-    """report.json's content does not match the typed result: the message names the path."""
+    """report.json's content does not match the typed result: the message names the path (`arms[2].foo`)."""
+
+    def __init__(self, what: str, path: tuple[str | int, ...] = ()):
+        self.what, self.path = what, path
+        text = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
+        super().__init__(f"{text or '$'}: {what}")
 
 
 # --- arms --------------------------------------------------------------------------------------------
@@ -672,79 +677,104 @@ def _key(field: dataclasses.Field) -> str:
     return field.name[:-1] if field.name.endswith("_") else field.name
 
 
-def _at(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
-
-
-@typing.no_type_check
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def from_json(cls: Any, data: Any, path: str = "") -> Any:
+def from_json(cls: Any, data: Any) -> Any:
     """`data` (report.json's content, or a part of it) as `cls`; ResultError naming the path on an unknown
     or missing key, or a value of another type."""
-    origin = get_origin(cls)
-    if cls is Any:
-        return data
+    return _loader(cls)(data)
+
+
+def _under(key: str | int, load: Loader, value: Any) -> Any:
+    """`load(value)`, an error's path prefixed with `key` (paths are built only when something fails)."""
+    try:
+        return load(value)
+    except ResultError as e:
+        raise ResultError(e.what, (key, *e.path)) from None
+
+
+Loader = Callable[[Any], Any]
+
+
+@functools.cache
+def _loader(tp: Any) -> Loader:
+    """The function that reads a JSON value as `tp`, built once per type (analysis runs often)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return lambda value: value
     if origin in (Union, types.UnionType):
-        args = get_args(cls)
-        if data is None and type(None) in args:
-            return None
-        others = [a for a in args if a is not type(None)]
-        if len(others) != 1:
-            raise ResultError(f"{path or '$'}: unions of several types are not supported ({cls})")
-        return from_json(others[0], data, path)
+        others = [a for a in get_args(tp) if a is not type(None)]
+        if len(others) != 1 or len(get_args(tp)) != 2:
+            raise TypeError(f"only `X | None` unions are supported, not {tp}")
+        inner = _loader(others[0])
+        return lambda value: None if value is None else inner(value)
     if origin in (tuple, list):
-        if not isinstance(data, (list, tuple)):  # a tuple: analysis' own value, before it is JSON
-            raise ResultError(f"{path or '$'}: expected an array, got {type(data).__name__}")
-        item = get_args(cls)[0]
-        items = [from_json(item, v, _at(path, i)) for i, v in enumerate(data)]
-        return tuple(items) if origin is tuple else items
+        return _array_loader(_loader(get_args(tp)[0]), tuple if origin is tuple else list)
     if origin in (dict, Mapping):
-        if not isinstance(data, dict):
-            raise ResultError(f"{path or '$'}: expected an object, got {type(data).__name__}")
-        value = get_args(cls)[1]
-        return {k: from_json(value, v, _at(path, k)) for k, v in data.items()}
-    if dataclasses.is_dataclass(cls):
-        return _dataclass_from_json(cls, data, path)
-    return _primitive(cls, data, path)
+        return _map_loader(_loader(get_args(tp)[1]))
+    if dataclasses.is_dataclass(tp):
+        return _dataclass_loader(tp)
+    if tp in _PRIMITIVES:
+        return _primitive_loader(tp, _PRIMITIVES[tp])
+    raise TypeError(f"unsupported type {tp!r}")
 
 
-def _dataclass_from_json(cls: type, data: Any, path: str) -> Any:
-    if not isinstance(data, dict):
-        raise ResultError(f"{path or '$'}: expected an object ({cls.__name__}), got {type(data).__name__}")
-    hints = _hints(cls)
-    fields = {_key(f): f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ResultError(f"{_at(path, unknown[0])}: unknown key (not a field of {cls.__name__})")
-    values = {}
-    for key, f in fields.items():
-        if key in data:
-            values[f.name] = from_json(hints[f.name], data[key], _at(path, key))
-        elif f.default is ABSENT:
-            values[f.name] = ABSENT
-        else:
-            raise ResultError(f"{_at(path, key)}: missing key (a field of {cls.__name__})")
-    return cls(**values)
+def _array_loader(item: Loader, make: type) -> Loader:
+    def load(value: Any) -> Any:
+        if not isinstance(value, (list, tuple)):  # a tuple: analysis' own value, before it is JSON
+            raise ResultError(f"expected an array, got {type(value).__name__}")
+        return make(_under(i, item, v) for i, v in enumerate(value))
+
+    return load
 
 
-def _primitive(cls: Any, data: Any, path: str) -> Any:
-    # float accepts an int (JSON writes 0.0 as 0 nowhere, but a study's settings may be ints); bool is no int
-    ok = {
-        bool: isinstance(data, bool),
-        int: isinstance(data, int) and not isinstance(data, bool),
-        float: isinstance(data, (int, float)) and not isinstance(data, bool),
-        str: isinstance(data, str),
-    }.get(cls)
-    if ok is None:
-        raise ResultError(f"{path or '$'}: unsupported type {cls!r}")
-    if not ok:
-        raise ResultError(f"{path or '$'}: expected {cls.__name__}, got {type(data).__name__} {data!r}")
-    return data
+def _map_loader(item: Loader) -> Loader:
+    def load(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ResultError(f"expected an object, got {type(value).__name__}")
+        return {k: _under(k, item, v) for k, v in value.items()}
+
+    return load
+
+
+def _dataclass_loader(cls: type) -> Loader:
+    hints = get_type_hints(cls)
+    # JSON key -> (field name, its loader, whether the key may be absent)
+    fields = {_key(f): (f.name, _loader(hints[f.name]), f.default is ABSENT) for f in dataclasses.fields(cls)}
+
+    def load(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ResultError(f"expected an object ({cls.__name__}), got {type(value).__name__}")
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ResultError(f"unknown key (not a field of {cls.__name__})", (unknown[0],))
+        values = {}
+        for key, (name, field_load, may_be_absent) in fields.items():
+            if key in value:
+                values[name] = _under(key, field_load, value[key])
+            elif may_be_absent:
+                values[name] = ABSENT
+            else:
+                raise ResultError(f"missing key (a field of {cls.__name__})", (key,))
+        return cls(**values)
+
+    return load
+
+
+# a float accepts an int (a study's settings may be written as ints); a bool is no int
+_PRIMITIVES: dict[type, Callable[[Any], bool]] = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+}
+
+
+def _primitive_loader(tp: type, ok: Callable[[Any], bool]) -> Loader:
+    def load(value: Any) -> Any:
+        if not ok(value):
+            raise ResultError(f"expected {tp.__name__}, got {type(value).__name__} {value!r}")
+        return value
+
+    return load
 
 
 def to_json(obj: Any) -> Any:
