@@ -92,9 +92,9 @@ def launch_command(role_config: Mapping[str, Any]) -> str:
     return command_line(shlex.split(role_config.get("argv") or ""), role_config.get("env") or {})
 
 
-def reproduce_commands(report: StudyResult, tracking_uri: str | None) -> list[str]:
-    study = report.study.name
-    overrides = report.context.get("overrides") or []
+def reproduce_commands(result: StudyResult, tracking_uri: str | None) -> list[str]:
+    study = result.study.name
+    overrides = result.context.get("overrides") or []
     uri = tracking_uri or "<tracking uri>"
     return [
         "# the study (resume=true skips arms that already have a FINISHED run)",
@@ -110,20 +110,20 @@ def reproduce_commands(report: StudyResult, tracking_uri: str | None) -> list[st
 # --- sections: each takes the typed result, or the section it reads, and returns its markdown lines ----
 
 
-def title_section(report: StudyResult) -> list[str]:
-    study = report.study
-    conf = f"{report.confidence:.0%}"
-    out = [f"# {study.name}: {report.headline}", ""]
+def title_section(result: StudyResult) -> list[str]:
+    study = result.study
+    conf = f"{result.confidence:.0%}"
+    out = [f"# {study.name}: {result.headline}", ""]
     if study.description:
         out += [f"> {study.description.strip()}", ""]
     base_desc = ", ".join(f"{k}={v}" for k, v in sorted(study.baseline.items()))
-    family = len(report.hypotheses)
+    family = len(result.hypotheses)
     relative = study.min_effect_relative
     margin = (
         f"±{pct(study.min_effect, 0)} of the baseline's rate" if relative else f"±{pct(study.min_effect)}"
     )
-    if report.ddmin:
-        search = report.ddmin
+    if result.ddmin:
+        search = result.ddmin
         ids = {d.id for d in search.differences}
         good = ", ".join(f"{k}={v}" for k, v in sorted(study.baseline.items()) if k not in ids)
         out += [
@@ -135,7 +135,7 @@ def title_section(report: StudyResult) -> list[str]:
             f"search is right with probability at least {1 - study.alpha:.0%}.",
             "",
         ]
-    elif report.stopping:
+    elif result.stopping:
         out += [
             f"Baseline arm: `{base_desc}`. Sequential design: after every round, anytime-valid e-values "
             f"on the runs (beta-binomial, the restart-to-restart variation included) decide each "
@@ -154,10 +154,10 @@ def title_section(report: StudyResult) -> list[str]:
             f"interval within {margin} (a change that removes corruption is never exonerated).",
             "",
         ]
-    between = report.between_runs
+    between = result.between_runs
     if between:
         out += [f"Between server starts ({between.method}): {between.note}.", ""]
-    context = report.context
+    context = result.context
     if context.get("pooled"):
         out += [f"Runs counted: {context['pooled']}.", ""]
     if context.get("parent_run_id"):
@@ -172,12 +172,12 @@ def e_value(log_e: float | None) -> str:
     return f"{math.exp(log_e):.3g}" if log_e < 50 else f"e^{log_e:.0f}"
 
 
-def hypotheses_section(report: StudyResult) -> list[str]:
-    if not report.hypotheses and report.ddmin:
+def hypotheses_section(result: StudyResult) -> list[str]:
+    if not result.hypotheses and result.ddmin:
         return []  # a ddmin study asks which differences, not which hypotheses
-    if report.stopping:
-        return sequential_hypotheses_section(report)
-    conf = f"{report.confidence:.0%}"
+    if result.stopping:
+        return sequential_hypotheses_section(result)
+    conf = f"{result.confidence:.0%}"
     head = [
         "hypothesis",
         "change",
@@ -201,14 +201,14 @@ def hypotheses_section(report: StudyResult) -> list[str]:
             VERDICT_MARK[h.verdict],
             h.note,
         ]
-        for h in report.hypotheses
+        for h in result.hypotheses
     ]
     return ["## Hypotheses", "", *_table(head, rows)]
 
 
-def sequential_hypotheses_section(report: StudyResult) -> list[str]:
+def sequential_hypotheses_section(result: StudyResult) -> list[str]:
     """A sequential study's verdicts rest on its e-values (fixed-design p-values are void after looks)."""
-    th = report.stopping.thresholds
+    th = result.stopping.thresholds
     head = [
         "hypothesis",
         "change",
@@ -221,7 +221,7 @@ def sequential_hypotheses_section(report: StudyResult) -> list[str]:
         "why",
     ]
     rows = []
-    for h in report.hypotheses:
+    for h in result.hypotheses:
         ev = h.evidence  # None before the first look
         rows.append(
             [
@@ -239,13 +239,13 @@ def sequential_hypotheses_section(report: StudyResult) -> list[str]:
     return ["## Hypotheses", "", *_table(head, rows)]
 
 
-def stopping_section(report: StudyResult) -> list[str]:
+def stopping_section(result: StudyResult) -> list[str]:
     """A sequential study's stopping trace: per round the arms run and each hypothesis' evidence."""
-    stop = report.stopping
+    stop = result.stopping
     if not stop:
         return []
     th = stop.thresholds
-    hyps = [h.id for h in report.hypotheses]
+    hyps = [h.id for h in result.hypotheses]
     out = [
         "## Stopping trace",
         "",
@@ -361,8 +361,8 @@ def _batches(facts: Mapping[str, float]) -> str:
     return f"{int(facts.get('capture_batches', 0))}/{int(facts.get('eager_batches', 0))}"
 
 
-def arms_section(report: StudyResult) -> list[str]:
-    conf = f"{report.confidence:.0%}"
+def arms_section(result: StudyResult) -> list[str]:
+    conf = f"{result.confidence:.0%}"
     head = [
         "arm",
         "signature",
@@ -394,7 +394,7 @@ def arms_section(report: StudyResult) -> list[str]:
             a.state or "–",
             "partial" if a.partial else "",
         ]
-        for a in report.arms
+        for a in result.arms
     ]
     return [
         "## Arms",
@@ -404,7 +404,7 @@ def arms_section(report: StudyResult) -> list[str]:
         f"corrupted session ends at its first bad turn). Errored sessions are counted apart and are not in "
         f"n. Intervals: {conf}, exact, widened for the restart-to-restart variation.",
         "",
-        *([f"Arm states, which every section reads: {report.policy.text}.", ""] if report.policy else []),
+        *([f"Arm states, which every section reads: {result.policy.text}.", ""] if result.policy else []),
         *_table(head, rows),
     ]
 
@@ -646,13 +646,13 @@ def _throughput_rows(
     return rows
 
 
-def throughput_section(report: StudyResult) -> list[str]:
-    study = report.study
-    conf = f"{report.confidence:.0%}"
+def throughput_section(result: StudyResult) -> list[str]:
+    study = result.study
+    conf = f"{result.confidence:.0%}"
     out = ["## Throughput", ""]
-    base_arm = next((a for a in report.arms if a.label == "baseline"), None)
+    base_arm = next((a for a in result.arms if a.label == "baseline"), None)
     base_tok = {lv.concurrency: lv.tok_s for lv in base_arm.throughput} if base_arm else {}
-    if not report.throughput:
+    if not result.throughput:
         out += ["No throughput comparison (no baseline or no bench data).", ""]
     head = [
         "C",
@@ -665,8 +665,8 @@ def throughput_section(report: StudyResult) -> list[str]:
         "errors",
         "clears floor",
     ]
-    for t in report.throughput:
-        arm = next(a for a in report.arms if a.signature == t.arm)
+    for t in result.throughput:
+        arm = next(a for a in result.arms if a.signature == t.arm)
         arm_tok = {lv.concurrency: lv for lv in arm.throughput}
         swept = max((lv.runs for lv in arm.throughput), default=0)
         base_runs = max((lv.runs for lv in base_arm.throughput), default=0) if base_arm else 0
@@ -797,8 +797,8 @@ def ddmin_section(search: DdminSearch | None) -> list[str]:
     return out
 
 
-def reproduce_section(report: StudyResult, tracking_uri: str | None) -> list[str]:
-    return ["## Reproduce", "", "```sh", *reproduce_commands(report, tracking_uri), "```", ""]
+def reproduce_section(result: StudyResult, tracking_uri: str | None) -> list[str]:
+    return ["## Reproduce", "", "```sh", *reproduce_commands(result, tracking_uri), "```", ""]
 
 
 def render_markdown(result: StudyResult, tracking_uri: str | None = None) -> str:
