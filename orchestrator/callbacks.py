@@ -9,13 +9,12 @@ nothing past this module sees a DictConfig.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config import ConfigError, load_job, sweep_design, sweep_study
 from orchestrator.plan import measurement_conditions, plan_arm
 from orchestrator.redact import redact_text
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.result import StudyResult
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +36,24 @@ def _tracking():
     return tracking
 
 
-def build_report(
-    tracking_uri: str, study: str, out_dir: Path, plots: bool = True, pool_sweeps: bool = False
-) -> list[Path]:
-    """MLflow -> analysis -> files; returns the paths, report.md first. The latest sweep's runs (and
-    those it resumed) unless `pool_sweeps`; its measurement conditions pick today's arms."""
+def study_result(tracking_uri: str, study: str, pool_sweeps: bool = False) -> StudyResult:
+    """MLflow -> analysis: the study's typed result. The latest sweep's runs (and those it resumed) unless
+    `pool_sweeps`; its measurement conditions pick today's arms."""
     from orchestrator.analysis import analyse
-    from orchestrator.report import write_report
 
     spec, context, runs = _tracking().load_study(tracking_uri, study, pool_sweeps)
-    report = analyse(spec, runs, context, conditions=context.get("conditions") or None)
-    return write_report(report, out_dir, plots, tracking_uri)
+    return analyse(spec, runs, context, conditions=context.get("conditions") or None)
+
+
+def build_report(
+    tracking_uri: str, study: str, out_dir: Path, plots: bool = True, pool_sweeps: bool = False
+) -> tuple[StudyResult, list[Path]]:
+    """MLflow -> analysis -> files: the typed result and the paths written, report.md first
+    (`study_result` for which runs)."""
+    from orchestrator.report import write_report
+
+    result = study_result(tracking_uri, study, pool_sweeps)
+    return result, write_report(result, out_dir, plots, tracking_uri)
 
 
 def recorded_overrides(config: DictConfig) -> list[str]:
@@ -143,13 +152,13 @@ class StudyCallback(Callback):
         failure = headline = None
         _clean_up_pool(config)
         try:
-            paths = build_report(
+            result, paths = build_report(
                 self._uri,
                 self.study_name or str(config.study.name),
                 Path(str(config.report.dir)),
                 bool(config.report.plots),
             )
-            headline = json.loads(paths[1].read_text())["headline"]  # report.json
+            headline = result.headline
             log.info("report: %s", paths[0])
             log.info(_tracking().ui_hint(self._uri, self.study_name or str(config.study.name)))
         except Exception as e:

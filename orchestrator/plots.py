@@ -1,9 +1,9 @@
-"""PNG plots of a study report (report.json's dict in, files out): corruption per arm, tok/s per level."""
+"""PNG plots of a study report (the typed result in, files out): corruption per arm, tok/s per level."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -11,43 +11,46 @@ matplotlib.use("Agg")  # no display on servers and in CI
 
 import matplotlib.pyplot as plt
 
+if TYPE_CHECKING:
+    from orchestrator.analysis.result import StudyResult
 
-def corruption_plot(report: dict[str, Any], path: Path) -> Path:
+
+def corruption_plot(result: StudyResult, path: Path) -> Path:
     """Corruption rate per arm with its exact interval, and the study's ceiling."""
-    arms = [a for a in report["arms"] if a["n"]]
+    arms = [a for a in result.arms if a.n]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(arms) + 1.5))
-    labels = [f"{a['label']} ({a['corrupted']}/{a['n']})" for a in arms]
-    rates = [a["rate"] * 100 for a in arms]
-    err = [[(a["rate"] - a["ci"][0]) * 100 for a in arms], [(a["ci"][1] - a["rate"]) * 100 for a in arms]]
+    labels = [f"{a.label} ({a.corrupted}/{a.n})" for a in arms]
+    rates = [a.rate * 100 for a in arms]
+    err = [[(a.rate - a.ci[0]) * 100 for a in arms], [(a.ci[1] - a.rate) * 100 for a in arms]]
     ys = list(range(len(arms)))[::-1]
     ax.errorbar(rates, ys, xerr=err, fmt="o", capsize=4, color="tab:red")
-    ax.axvline(report["study"]["ceiling"] * 100, ls="--", color="grey", label="ceiling")
+    ax.axvline(result.study.ceiling * 100, ls="--", color="grey", label="ceiling")
     ax.set_yticks(ys, labels)
-    ax.set_xlabel(f"corrupted sessions, % ({report['confidence']:.0%} Clopper-Pearson)")
+    ax.set_xlabel(f"corrupted sessions, % ({result.confidence:.0%} Clopper-Pearson)")
     ax.set_xlim(left=0)
     ax.legend(loc="lower right")
-    ax.set_title(f"{report['study']['name']}: corruption per arm")
+    ax.set_title(f"{result.study.name}: corruption per arm")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def throughput_plot(report: dict[str, Any], path: Path) -> Path:
+def throughput_plot(result: StudyResult, path: Path) -> Path:
     """Mean output tok/s against concurrency, one line per arm."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in report["arms"]:
-        points = [(lv["concurrency"], lv["tok_s"]) for lv in arm["throughput"] if lv["tok_s"] is not None]
+    for arm in result.arms:
+        points = [(lv.concurrency, lv.tok_s) for lv in arm.throughput if lv.tok_s is not None]
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="o", label=arm["label"])
+            ax.plot(xs, ys, marker="o", label=arm.label)
     ax.set_xscale("log", base=2)
-    levels = sorted({lv["concurrency"] for arm in report["arms"] for lv in arm["throughput"]})
+    levels = sorted({lv.concurrency for arm in result.arms for lv in arm.throughput})
     if levels:
         ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tok/s")
-    ax.set_title(f"{report['study']['name']}: throughput per arm")
+    ax.set_title(f"{result.study.name}: throughput per arm")
     ax.grid(True, alpha=0.3)
     if ax.lines:
         ax.legend(fontsize="small")

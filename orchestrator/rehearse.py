@@ -53,6 +53,7 @@ import numpy as np
 
 from orchestrator import analysis, designs
 from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, ddmin
+from orchestrator.analysis.result import StudyResult
 
 DEFAULT_STUDIES = 2000
 DEFAULT_SEED = 0
@@ -211,7 +212,7 @@ def rehearsed_study(
         launched = nxt.index
 
 
-def judged(spec: StudySpec, design: designs.Design, runs: Sequence[RunRecord]) -> dict[str, Any]:
+def judged(spec: StudySpec, design: designs.Design, runs: Sequence[RunRecord]) -> StudyResult:
     """A rehearsed study's report, by the analysis that judges real runs."""
     return analysis.analyse(spec, runs, context={"design": design.name})
 
@@ -225,7 +226,7 @@ def rehearse_design(
     studies: int,
     seed: int,
     kill_rate: float = 0.0,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[dict[str, Any], list[StudyResult]]:
     """`studies` studies of `design`, each judged as a real one (`judged`); the tally (see the module doc)
     and the reports. `arms`: the truths of the arms the hypotheses compare."""
     if sessions < 1 or studies < 1:
@@ -270,7 +271,7 @@ def rehearse(
 def tally(
     spec: StudySpec,
     rows: Sequence[Mapping[str, Any]],
-    reports: Sequence[Mapping[str, Any]],
+    reports: Sequence[StudyResult],
     studies: int,
     seed: int,
 ) -> dict[str, Any]:
@@ -281,7 +282,7 @@ def tally(
     sessions_total = 0
     icc_sum = 0.0
     for report in reports:
-        verdicts = {h["id"]: h["verdict"] for h in report["hypotheses"]}
+        verdicts = {h.id: h.verdict for h in report.hypotheses}
         bad = {r["id"] for r in rows if wrong(verdicts[r["id"]], r, spec.ceiling)}
         for r in rows:
             tally[r["id"]][verdicts[r["id"]]] += 1
@@ -289,8 +290,8 @@ def tally(
         family_false += any(not r["causal"] and verdicts[r["id"]] in ("implicated", "partial") for r in rows)
         all_right += not bad
         all_expected += all(verdicts[r["id"]] == r["expected"] for r in rows)
-        sessions_total += sum(a["n"] for a in report["arms"])
-        icc_sum += report["between_runs"]["icc"]
+        sessions_total += sum(a.n for a in report.arms)
+        icc_sum += report.between_runs.icc
     return {
         "study": spec.name,
         "studies": studies,
@@ -377,11 +378,10 @@ def rehearse_sequential(
         "kill_rate": kill_rate,
         "arms": _arms_info(arms),
     }
-    result["rounds_per_study"] = sum(r["stopping"]["rounds"] for r in reports) / studies
+    result["rounds_per_study"] = sum(r.stopping.rounds for r in reports) / studies
     result["fixed_design_sessions"] = len(arms) * spec.stopping.max_runs_per_arm * sessions
     result["sessions_per_arm"] = {
-        a.label: sum(r["stopping"]["sessions_per_arm"].get(a.label, 0) for r in reports) / studies
-        for a in arms
+        a.label: sum(r.stopping.sessions_per_arm.get(a.label, 0) for r in reports) / studies for a in arms
     }
     return result
 

@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -35,6 +36,15 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 _SLICE = len(_PORTS) // _WORKERS
 _MINE = range(_PORTS.start + _WORKER * _SLICE, _PORTS.start + (_WORKER + 1) * _SLICE)
+
+
+def report_json(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """report.json's content as `analysis.analyse(...)` gives it (`result.to_json`), for tests that read
+    the report as the JSON it is written as."""
+    from orchestrator.analysis import analyse
+    from orchestrator.analysis.result import to_json
+
+    return to_json(analyse(*args, **kwargs))
 
 
 def free_port() -> int:

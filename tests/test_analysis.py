@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -19,7 +18,9 @@ from orchestrator.analysis import (
     pool_arms,
     stats,
 )
-from orchestrator.report import render_markdown
+from orchestrator.analysis.result import to_json
+from orchestrator.report import dumps, render_markdown
+from tests.conftest import report_json
 
 BASE = {"capture": "graph", "hicache": "on", "index_k": "bf16", "multi_stream": "on"}
 HYPS = (
@@ -123,7 +124,7 @@ def test_pooling_keeps_per_run_counts_and_never_pools_interrupted_runs():
     assert (eager["n"], eager["rate"], eager["ci"]) == (0, None, None)
     assert eager["runs"][0]["reason"] == "health timeout"
     # the report lists every run that failed, was interrupted or lost sessions to errors, with why
-    problems = {(p["arm"], p["repetition"], p["status"]): p for p in analyse(SPEC, runs)["problem_runs"]}
+    problems = {(p["arm"], p["repetition"], p["status"]): p for p in report_json(SPEC, runs)["problem_runs"]}
     assert set(problems) == {
         ("baseline", 0, "FINISHED"),
         ("baseline", 2, "KILLED"),
@@ -138,11 +139,11 @@ def test_pooling_keeps_per_run_counts_and_never_pools_interrupted_runs():
 
 def test_treatment_is_the_arm_that_differs_only_in_that_factor():
     runs = [run({}, 27, 153), run({"multi_stream": "off", "capture": "eager"}, 0, 180)]
-    report = analyse(SPEC, runs)
+    report = report_json(SPEC, runs)
     h = hyp(report, "H-multistream")
     assert h["treatment_arm"] is None and h["verdict"] == "inconclusive"
     assert "no arm with multi_stream=off" in h["note"]
-    report = analyse(SPEC, [*runs, run({"multi_stream": "off"}, 0, 180)])
+    report = report_json(SPEC, [*runs, run({"multi_stream": "off"}, 0, 180)])
     assert hyp(report, "H-multistream")["treatment_arm"] == "sig[multi_stream=off]"
 
 
@@ -160,7 +161,7 @@ def test_original_investigation_verdicts_and_deploy_choice():
     for name, delta in DELTAS.items():
         for rep in range(3):
             runs.append(run(delta, counts[name], 60 - counts[name], rep=rep, bench=bench(speed[name])))
-    report = analyse(SPEC, runs, {"parent_run_id": "p"})
+    report = report_json(SPEC, runs, {"parent_run_id": "p"})
     verdicts = {h["id"]: h["verdict"] for h in report["hypotheses"]}
     assert verdicts == {
         "H-multistream": "implicated",
@@ -186,7 +187,7 @@ def test_original_investigation_verdicts_and_deploy_choice():
 def test_client_bound_arm_gets_no_throughput_verdict():
     lv = (level(8, [64.0] * 20, [1.0] * 20),)
     runs = [run({}, 9, 51, bench=lv), run({"multi_stream": "off"}, 0, 60, bench=lv, client_bound=True)]
-    t = analyse(SPEC, runs)["throughput"][0]
+    t = report_json(SPEC, runs)["throughput"][0]
     assert t["levels"][0]["clears_floor"] is True
     assert t["verdict"] == "no verdict (client-bound)"
 
@@ -195,7 +196,7 @@ def test_a_server_that_sent_no_usage_gets_no_throughput_verdict_naming_it():
     lv = (level(8, [64.0] * 20, [1.0] * 20),)
     base = run({}, 9, 51, bench=lv)
     arm = dataclasses.replace(run({"multi_stream": "off"}, 0, 60, bench=lv), missing_usage=3)
-    t = analyse(SPEC, [base, arm])["throughput"][0]
+    t = report_json(SPEC, [base, arm])["throughput"][0]
     assert not t["client_bound"] and t["verdict"] == "no verdict (the server sent no usage)"
 
 
@@ -210,15 +211,15 @@ def test_families_per_arm_counted_and_noted_beside():
         families={"plan_drift": 5},
         conditions={"workload.count": "structural"},
     )
-    report = analyse(SPEC, [base, fix])
-    block = report["families"]
+    result = analyse(SPEC, [base, fix])
+    block = to_json(result)["families"]
     assert block["counted"] == ["structural"] and block["same_in_every_arm"]
     rows = {r["label"]: r for r in block["by_arm"]}
     assert rows["baseline"]["counted"] == {"structural": 9} and rows["baseline"]["noted"] == {"plan_drift": 4}
     assert rows["multi_stream=off"]["counted"] == {"structural": 0} and rows["multi_stream=off"]["noted"] == {
         "plan_drift": 5
     }
-    text = render_markdown(report)
+    text = render_markdown(result)
     assert "## Detector families" in text and "plan_drift (not counted)" in text
     assert "| baseline | 60 | 9 | 4 |" in text
 
@@ -229,7 +230,7 @@ def test_throughput_falls_back_to_per_run_tok_s():
 
     runs = [run({}, 9, 51, rep=r, bench=lv(400 + r)) for r in range(3)]
     runs += [run({"multi_stream": "off"}, 0, 60, rep=r, bench=lv(200 + r)) for r in range(3)]
-    t = analyse(SPEC, runs)["throughput"][0]
+    t = report_json(SPEC, runs)["throughput"][0]
     assert t["levels"][0]["method"] == "runs"
     assert t["levels"][0]["ratio"] == pytest.approx(201 / 401)
     assert t["verdict"] == "regression"
@@ -282,8 +283,8 @@ def test_analysis_is_deterministic_and_order_free():
     runs = [
         run(delta, 3 if not delta else 1, 57, rep=r, bench=lv) for delta in DELTAS.values() for r in range(2)
     ]
-    a = json.dumps(analyse(SPEC, runs), sort_keys=True)
-    b = json.dumps(analyse(SPEC, list(reversed(runs))), sort_keys=True)
+    a = dumps(analyse(SPEC, runs))
+    b = dumps(analyse(SPEC, list(reversed(runs))))
     assert a == b
 
 
@@ -305,7 +306,7 @@ def test_monte_carlo_no_factor_effect_implicates_at_most_alpha(rate, ceiling):
     sims = 300
     implicated = significant = unadjusted = 0
     for _ in range(sims):
-        report = analyse(spec, _null_study(rng, rate, 60))
+        report = report_json(spec, _null_study(rng, rate, 60))
         implicated += any(h["verdict"] == "implicated" for h in report["hypotheses"])
         significant += any(h["p_holm"] < spec.alpha for h in report["hypotheses"])
         unadjusted += any(h["p"] < spec.alpha for h in report["hypotheses"])
@@ -325,5 +326,5 @@ def test_monte_carlo_real_effect_is_found():
             for rep in range(3):
                 k = 0 if name == "H-multistream" else int(rng.binomial(60, 0.15))
                 runs.append(run(delta, k, 60 - k, rep=rep))
-        found += hyp(analyse(SPEC, runs), "H-multistream")["verdict"] == "implicated"
+        found += hyp(report_json(SPEC, runs), "H-multistream")["verdict"] == "implicated"
     assert found / sims >= 0.95

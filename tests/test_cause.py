@@ -14,6 +14,7 @@ from orchestrator.analysis import RunRecord, StudySpec, cause, stats
 from orchestrator.rehearse import ArmTruth, draw_counts, study_runs
 from orchestrator.report import dumps, render_markdown
 from orchestrator.schema import Hypothesis
+from tests.conftest import report_json
 
 BASE = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}
 CHANGES = {"capture": "eager", "index_k": "fp8", "multi_stream": "off", "hicache": "off"}
@@ -47,7 +48,7 @@ def runs_of(changes: dict[str, str], per_run: list[tuple[int, int]], conditions=
 
 
 def block_of(runs: list[RunRecord], spec: StudySpec = SPEC) -> dict:
-    return analysis.analyse(spec, runs)["minimal_cause"]
+    return report_json(spec, runs)["minimal_cause"]
 
 
 def levels_found(block: dict) -> list[dict[str, str]]:

@@ -12,6 +12,7 @@ from scipy import stats as sps
 
 from orchestrator import analysis
 from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, clusters, stats
+from orchestrator.analysis.result import StudyResult, to_json
 from orchestrator.report import clusters_section, dumps, duration, render_markdown
 
 BASE = {"hicache": "on", "multi_stream": "on"}
@@ -74,8 +75,8 @@ def run(
 MS_OFF, HC_OFF = {"multi_stream": "off"}, {"hicache": "off"}
 
 
-def section(report: dict) -> str:
-    md = render_markdown(report)
+def section(result: StudyResult) -> str:
+    md = render_markdown(result)
     assert md.count("## Clusters") == 1
     return md.split("## Clusters")[1].split("\n## ")[0]
 
@@ -109,18 +110,18 @@ def test_placement_keeps_the_cluster_and_lease_tags_only():
 
 def test_runs_without_cluster_tags_have_no_section():
     runs = [run({}, r, 9) for r in range(3)] + [run(MS_OFF, r, 0) for r in range(3)]
-    report = analyse(SPEC, runs)
-    assert report["clusters"] is None
-    assert clusters_section(report) == []
-    assert "## Clusters" not in render_markdown(report)
-    dumps(report)
+    result = analyse(SPEC, runs)
+    assert result.clusters is None
+    assert clusters_section(result.clusters) == []
+    assert "## Clusters" not in render_markdown(result)
+    dumps(result)
 
 
 def test_one_cluster_without_a_pool():
     runs = [run({}, r, k, {"cluster": "local"}) for r, k in enumerate((9, 7, 11))]
     runs += [run(MS_OFF, r, 0, {"cluster": "local"}) for r in range(3)]
-    report = analyse(SPEC, runs)
-    block = report["clusters"]
+    result = analyse(SPEC, runs)
+    block = to_json(result)["clusters"]
     assert block["clusters"] == ["local"] and block["unknown_runs"] == 0 and block["pools"] == []
     assert block["sentence"] == "This study's arms ran on 1 cluster (local)."
     base = block["by_arm"][0]
@@ -132,11 +133,11 @@ def test_one_cluster_without_a_pool():
     }
     assert block["leases"] == [] and block["lost"] == [] and block["balance"] is None
     assert block["check"]["arms"] == [] and not block["check"]["alarm"]
-    text = section(report)
+    text = section(result)
     assert "| baseline | 3 runs, 27/180 |" in text
     assert "**Cluster check**: not checked: no arm has used runs on two clusters." in text
     assert "Leases" not in text and "share of runs" not in text
-    json.loads(dumps(report))
+    json.loads(dumps(result))
 
 
 def two_cluster_runs() -> list[RunRecord]:
@@ -166,8 +167,8 @@ def two_cluster_runs() -> list[RunRecord]:
 
 
 def test_two_clusters_leases_lost_runs_and_the_check():
-    report = analyse(SPEC, two_cluster_runs())
-    block = report["clusters"]
+    result = analyse(SPEC, two_cluster_runs())
+    block = to_json(result)["clusters"]
     assert block["clusters"] == ["local", "local2-pd1"] and block["pools"] == ["local2"]
     assert block["sentence"].startswith("This study's arms ran on 2 clusters (local, local2-pd1): ")
     by = {a["label"]: a for a in block["by_arm"]}
@@ -221,7 +222,7 @@ def test_two_clusters_leases_lost_runs_and_the_check():
         "balanced: each arm's runs are split over local, local2-pd1 as evenly as their number allows"
     )
 
-    text = section(report)
+    text = section(result)
     assert text.lstrip().startswith("This study's arms ran on 2 clusters (local, local2-pd1):")
     assert "| baseline | 2 runs, 16/120 | 2 runs, 21/120 | 50% local, 50% local2-pd1 |" in text
     assert "| local | pd0 | host leases | baseline, hicache=off, multi_stream=off | 6 |" in text
@@ -238,21 +239,22 @@ def test_two_clusters_leases_lost_runs_and_the_check():
     assert "**Cluster check**: no cluster effect seen (p >= " in text
     assert "Balance: balanced: each arm's runs are split over local, local2-pd1" in text
     # the section sits with the arms, and the whole report is JSON-clean
-    md = render_markdown(report)
+    md = render_markdown(result)
     assert md.index("## Arms") < md.index("## Clusters") < md.index("## Failed and partial runs")
-    json.loads(dumps(report))
+    json.loads(dumps(result))
 
 
 def test_runs_without_tags_are_cluster_unknown_and_left_out_of_the_check():
     runs = [run({}, 0, 9), run({}, 1, 12)]  # logged before runs recorded their cluster
     runs += [run({}, 2, 8, {"cluster": "local"}), run({}, 3, 10, {"cluster": "local"})]
-    block = analyse(SPEC, runs)["clusters"]
+    result = analyse(SPEC, runs)
+    block = to_json(result)["clusters"]
     assert block["clusters"] == ["local"] and block["unknown_runs"] == 2
     assert set(block["by_arm"][0]["cells"]) == {"local", "unknown"}
     assert block["by_arm"][0]["share"] == {"local": 1.0}
     assert "2 runs carry no cluster tag" in block["sentence"]
     assert block["check"]["arms"] == []  # local and unknown are not two clusters
-    text = clusters_section({"clusters": block})
+    text = clusters_section(result.clusters)
     assert "| arm | local (runs, corrupted/sessions) | unknown (runs, corrupted/sessions) |" in "\n".join(
         text
     )
@@ -263,7 +265,8 @@ def test_a_cluster_effect_is_named_with_the_confounding_it_causes():
     runs = [run({}, r, k, {"cluster": "local"}) for r, k in enumerate((1, 2))]
     runs += [run({}, r + 2, k, {"cluster": "local2-pd1"}) for r, k in enumerate((10, 8, 12, 9))]
     runs += [run(HC_OFF, r, k, {"cluster": c}) for r, (k, c) in enumerate(((5, "local"), (3, "local2-pd1")))]
-    block = analyse(SPEC, runs)["clusters"]
+    result = analyse(SPEC, runs)
+    block = to_json(result)["clusters"]
     check = block["check"]
     base = next(r for r in check["arms"] if r["label"] == "baseline")
     assert base["differs"] and check["alarm"] and base["p_holm"] < 0.05
@@ -278,7 +281,7 @@ def test_a_cluster_effect_is_named_with_the_confounding_it_causes():
     assert (
         block["balance"]["note"] == "not balanced over local, local2-pd1: baseline 33% local, 67% local2-pd1"
     )
-    text = section({**analyse(SPEC, runs)})
+    text = section(result)
     assert "| baseline | 3/120 (2.5%) | 39/240 (16.2%) |" in text and "| **yes** |" in text
 
 
@@ -428,15 +431,15 @@ def test_monte_carlo_a_real_cluster_effect_is_found():
 def test_without_two_runs_on_one_cluster_the_check_uses_the_study_icc():
     runs = [run({}, 0, 9, {"cluster": "local"}), run({}, 1, 14, {"cluster": "local2-pd1"})]
     runs += [run(HC_OFF, 0, 2, {"cluster": "local"}), run(HC_OFF, 1, 6, {"cluster": "local2-pd1"})]
-    report = analyse(SPEC, runs)
-    check = report["clusters"]["check"]
-    assert check["icc"]["source"] == "study" and check["icc"]["df"] == 0
-    assert check["icc"]["icc"] == report["between_runs"]["icc"]
-    assert "cannot be estimated within clusters: the study's ICC" in section(report)
+    result = analyse(SPEC, runs)
+    check = result.clusters.check
+    assert check.icc.source == "study" and check.icc.df == 0
+    assert check.icc.icc == result.between_runs.icc
+    assert "cannot be estimated within clusters: the study's ICC" in section(result)
 
 
 def test_the_block_is_order_free_and_the_one_analyse_reports():
     runs = two_cluster_runs()
-    report = analyse(SPEC, runs)
-    assert dumps(analyse(SPEC, runs[::-1])) == dumps(report)
-    assert report["clusters"] == analysis.clusters_block(SPEC, runs)
+    result = analyse(SPEC, runs)
+    assert dumps(analyse(SPEC, runs[::-1])) == dumps(result)
+    assert to_json(result)["clusters"] == analysis.clusters_block(SPEC, runs)

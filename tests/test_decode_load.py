@@ -9,11 +9,13 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis import RunRecord, arm_decode_load
+from orchestrator.analysis.result import ArmDecodeLoad, from_json
 from orchestrator.arm import ArmStart, StressThenBench, prepare, run_arm
 from orchestrator.config import load_job
 from orchestrator.decode_load import (
@@ -216,14 +218,15 @@ def test_arm_decode_load_over_the_runs_and_the_report_sentences():
     )
     assert short["short"] and short["runs_measured"] == 1 and short["unknown"] == ["404"]
     assert short["per_run"][1] == {"repetition": 1, "mean": None, "p50": None, "max": None, "unknown": "404"}
-    report = {
-        "arms": [
-            {"label": "baseline", "decode_load": full},
-            {"label": "multi_stream=off", "decode_load": short},
-            {"label": "old", "decode_load": None},
-        ]
-    }
-    md = "\n".join(decode_load_section(report))
+
+    def arm(label: str, load: dict | None) -> SimpleNamespace:
+        # what the section reads of an arm: its label and its typed decode load
+        typed = None if load is None else from_json(ArmDecodeLoad, load)
+        return SimpleNamespace(label=label, decode_load=typed)
+
+    md = "\n".join(
+        decode_load_section([arm("baseline", full), arm("multi_stream=off", short), arm("old", None)])
+    )
     assert md.startswith("## Decode load")
     assert "| baseline | 60 | 57.0 | 57.0 | 60 | 95% | 2/2 |" in md
     assert "| multi_stream=off | 60 | 30.0 | 30.0 | 60 | 50% | 1/2 |" in md
@@ -232,8 +235,8 @@ def test_arm_decode_load_over_the_runs_and_the_report_sentences():
     )
     assert "**multi_stream=off**: decode load unknown in 1 of 2 runs (404)." in md
     assert "| old |" not in md and "**baseline**" not in md
-    assert decode_load_section({"arms": [{"label": "x"}]}) == []  # a report of runs logged before it
-    calm = decode_load_section({"arms": [{"label": "baseline", "decode_load": full}]})
+    assert decode_load_section([arm("x", None)]) == []  # a report of runs logged before it
+    calm = decode_load_section([arm("baseline", full)])
     assert "Every arm reached its planned concurrency." in calm
 
 

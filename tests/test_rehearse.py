@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse
+from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec
 from orchestrator.rehearse import ArmTruth, draw_counts, rehearse, study_arms, truth, wrong
+from tests.conftest import report_json
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"capture": "graph", "hicache": "on", "index_k": "bf16", "multi_stream": "on"}
@@ -126,7 +127,7 @@ def test_between_run_variation_is_what_keeps_the_rule_honest():
             )
             for a, k in zip(arms, counts[s], strict=True)
         ]
-        naive += any(h["verdict"] in ("implicated", "partial") for h in analyse(SPEC, runs)["hypotheses"])
+        naive += any(h["verdict"] in ("implicated", "partial") for h in report_json(SPEC, runs)["hypotheses"])
     honest = rehearse(SPEC, arms, RUNS, SESSIONS, 300, seed=2)["family_false_implication"]
     assert naive / 300 > 0.2 > SPEC.alpha >= honest
 
@@ -165,9 +166,9 @@ def test_a_killed_run_does_not_change_the_verdicts():
     """A baseline run killed mid-way holds mostly corrupted sessions (they end at the first bad turn,
     clean ones need every round): listed with its counts, never pooled."""
     runs = seed_story_runs(np.random.default_rng(8))
-    before = analyse(SPEC, runs)
+    before = report_json(SPEC, runs)
     killed = record("baseline", BASE, 9, 14, 3, status="KILLED", outcomes="partial", reason="interrupted")
-    after = analyse(SPEC, [*runs, killed])
+    after = report_json(SPEC, [*runs, killed])
     assert verdicts(after) == verdicts(before)
     assert [h["p"] for h in after["hypotheses"]] == [h["p"] for h in before["hypotheses"]]
     listed = [p for p in after["problem_runs"] if p["status"] == "KILLED"]
@@ -188,8 +189,8 @@ def test_runs_of_another_workload_are_another_arm():
         for label, levels in study_arms(SPEC)
         for rep in range(6)
     ]
-    alone = analyse(SPEC, runs_today, conditions=today)
-    mixed = analyse(SPEC, [*runs_today, *runs_earlier], conditions=today)
+    alone = report_json(SPEC, runs_today, conditions=today)
+    mixed = report_json(SPEC, [*runs_today, *runs_earlier], conditions=today)
     assert verdicts(mixed) == verdicts(alone)
     assert [h["baseline_counts"] for h in mixed["hypotheses"]] == [
         h["baseline_counts"] for h in alone["hypotheses"]
@@ -200,12 +201,12 @@ def test_runs_of_another_workload_are_another_arm():
         next(a["signature"] for a in mixed["arms"] if a["conditions"] == today and a["label"] == "baseline")
     }
     # without today's conditions the baseline with most sessions is chosen, and its own treatments
-    assert verdicts(analyse(SPEC, [*runs_today, *runs_earlier])) == verdicts(alone)
+    assert verdicts(report_json(SPEC, [*runs_today, *runs_earlier])) == verdicts(alone)
 
 
 def test_report_shows_per_run_counts_icc_and_design_effect():
     runs = seed_story_runs(np.random.default_rng(5))
-    report = analyse(SPEC, runs)
+    report = report_json(SPEC, runs)
     between = report["between_runs"]
     assert between["estimated"] and between["df"] == 4  # baseline and hicache=off: 2 runs of freedom each
     base = next(a for a in report["arms"] if a["label"] == "baseline")
@@ -215,7 +216,7 @@ def test_report_shows_per_run_counts_icc_and_design_effect():
     h = report["hypotheses"][0]
     assert h["baseline_runs"] == base["run_counts"] and len(h["effective_counts"]) == 2
     # one run per arm: the ICC cannot be estimated, the report says what it assumed
-    single = analyse(SPEC, [r for r in runs if r.repetition == 0])
+    single = report_json(SPEC, [r for r in runs if r.repetition == 0])
     assert not single["between_runs"]["estimated"] and "assumed ICC 0" in single["between_runs"]["note"]
 
 
@@ -276,8 +277,8 @@ def test_a_repetition_sweep_on_the_command_line_sets_the_runs_per_arm():
 
 def test_assumed_icc_is_a_floor_under_the_estimate():
     runs = seed_story_runs(np.random.default_rng(5))
-    plain = analyse(SPEC, runs)
-    floored = analyse(StudySpec(**{**vars(SPEC), "assumed_icc": 0.05}), runs)
+    plain = report_json(SPEC, runs)
+    floored = report_json(StudySpec(**{**vars(SPEC), "assumed_icc": 0.05}), runs)
     assert plain["between_runs"]["icc"] < 0.05 == floored["between_runs"]["icc"]
     assert "floor" in floored["between_runs"]["note"]
     base = next(a for a in floored["arms"] if a["label"] == "baseline")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchestrator.analysis.result import StudyResult, from_json
 from orchestrator.callbacks import StudyCallback
 from orchestrator.report import dumps, launch_command, render_markdown
 from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
@@ -25,7 +27,7 @@ def _tracker(cfg, repetition: int, parent: str | None) -> ArmTracker:
 
 
 LITERAL = {
-    "schema": 1,
+    "schema": 2,
     "study": {
         "name": "tiny",
         "description": "Corruption under load.",
@@ -38,15 +40,49 @@ LITERAL = {
         "hypotheses": [
             {"id": "H-ms", "factor": "ms", "statement": "needs ms", "baseline": "on", "treatment": "off"}
         ],
+        "min_effect_relative": False,
+        "assumed_icc": 0.0,
+        "stopping": {"min_runs_per_arm": 2, "max_runs_per_arm": 6, "max_sessions": None, "futility": True},
+        "ddmin": {"differences": []},
     },
     "context": {"parent_run_id": "p1", "overrides": ["+experiment=tiny", "workload.sessions=60"]},
     "headline": "Implicated: H-ms (ms=off); baseline corruption 27/180 (15.0%).",
     "confidence": 0.95,
+    "between_runs": {
+        "method": "beta-binomial, one ICC per study",
+        "estimated": False,
+        "dispersion": None,
+        "df": 0,
+        "icc": 0.0,
+        "mean_run_size": 180.0,
+        "note": "assumed ICC 0",
+    },
+    "policy": {
+        "name": "per-arm",
+        "design": None,
+        "alpha": 0.05,
+        "confidence": 0.95,
+        "ceiling": 0.03,
+        "icc": 0.0,
+        "text": "each arm judged at 95%",
+    },
+    "arm_states": [],
     "arms": [
         {
             "label": "baseline",
             "signature": "aaa",
+            "deployment_signature": "aaa",
+            "conditions": {},
             "factors": {"ms": "on"},
+            "run_counts": [[27, 180]],
+            "mean_run_size": 180.0,
+            "design_effect": 1.0,
+            "effective_n": 180,
+            "effective_corrupted": 27,
+            "missing_usage": 0,
+            "families": {},
+            "decode_load": None,
+            "state": "corrupting",
             "n": 180,
             "corrupted": 27,
             "clean": 153,
@@ -88,7 +124,18 @@ LITERAL = {
         {
             "label": "ms=off",
             "signature": "bbb",
+            "deployment_signature": "bbb",
+            "conditions": {},
             "factors": {"ms": "off"},
+            "run_counts": [[0, 180]],
+            "mean_run_size": 180.0,
+            "design_effect": 1.0,
+            "effective_n": 180,
+            "effective_corrupted": 0,
+            "missing_usage": 0,
+            "families": {},
+            "decode_load": None,
+            "state": "clean",
             "n": 180,
             "corrupted": 0,
             "clean": 180,
@@ -146,6 +193,12 @@ LITERAL = {
             "treatment_label": "ms=off",
             "baseline_counts": [27, 180],
             "treatment_counts": [0, 180],
+            "baseline_runs": [[27, 180]],
+            "treatment_runs": [[0, 180]],
+            "design_effect": [1.0, 1.0],
+            "effective_counts": [[27, 180], [0, 180]],
+            "margin": 0.05,
+            "treatment_state": "clean",
             "diff": -0.15,
             "diff_ci": [-0.2087, -0.0975],
             "p": 1.2e-9,
@@ -204,11 +257,18 @@ LITERAL = {
             }
         },
     },
+    "stopping": None,
+    "families": {"counted": ["structural"], "same_in_every_arm": True, "by_arm": []},
+    "ddmin": None,
+    "minimal_cause": None,
+    "clusters": None,
 }
+# the typed result the renderer reads (from_json refuses a key the types do not know, and a missing one)
+TYPED = from_json(StudyResult, LITERAL)
 
 
 def test_render_markdown_on_a_literal_report():
-    md = render_markdown(LITERAL, "sqlite:///mlruns.db")
+    md = render_markdown(TYPED, "sqlite:///mlruns.db")
     lines = md.splitlines()
     assert lines[0] == "# tiny: Implicated: H-ms (ms=off); baseline corruption 27/180 (15.0%)."
     hyp_row = next(line for line in lines if line.startswith("| H-ms"))
@@ -237,9 +297,8 @@ def test_render_markdown_on_a_literal_report():
 
 
 def test_render_without_a_fix_or_problems():
-    report = json.loads(json.dumps(LITERAL))
-    report["deploy"], report["problem_runs"], report["throughput"] = None, [], []
-    md = render_markdown(report)
+    bare = dataclasses.replace(TYPED, deploy=None, problem_runs=(), throughput=())
+    md = render_markdown(bare)
     assert "nothing to deploy yet" in md
     assert "None: every run finished." in md
     assert "No throughput comparison" in md
@@ -247,9 +306,10 @@ def test_render_without_a_fix_or_problems():
 
 def test_dumps_is_stable_and_refuses_nan():
     shuffled = dict(reversed(list(LITERAL.items())))
-    assert dumps(shuffled) == dumps(LITERAL)
+    assert dumps(from_json(StudyResult, shuffled)) == dumps(TYPED)
+    assert json.loads(dumps(TYPED)) == LITERAL
     with pytest.raises(ValueError):
-        dumps({"x": float("nan")})
+        dumps(dataclasses.replace(TYPED, confidence=float("nan")))
 
 
 def test_launch_command_quotes_values():

@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.analysis import verdict_groups
 from orchestrator.analysis.consistency import SHAPES, check_shape
+from orchestrator.analysis.result import to_json
 from orchestrator.report.check import disagreements
 
 
@@ -22,10 +23,10 @@ def dsv4_report() -> dict:
     _, one = SHAPES["dsv4 (4 starts)"]()
     rng = np.random.default_rng(3)
     for _ in range(50):  # a study whose three fixes are implicated and whose minimal cause is found
-        report = one(rng)
-        implicated = [r for r in report["hypotheses"] if r["verdict"] == "implicated"]
-        if len(implicated) == 3 and report["minimal_cause"]["verdict"] == "minimal cause found":
-            return json.loads(json.dumps(report))
+        result = one(rng)
+        implicated = [r for r in result.hypotheses if r.verdict == "implicated"]
+        if len(implicated) == 3 and result.minimal_cause.verdict == "minimal cause found":
+            return to_json(result)  # the checker reads report.json's content
     raise AssertionError("no rehearsed dsv4 study with every fix implicated")
 
 

@@ -383,9 +383,9 @@ def test_a_report_counts_its_own_sweep_not_an_earlier_one_with_another_workload(
     # asked to pool: the earlier sweep's runs come in, but as other arms (another workload's conditions)
     _, pooled_context, pooled = load_study(str(cfg.tracking.uri), str(cfg.study.name), pool_sweeps=True)
     assert len(pooled) == 4 and "asked for" in pooled_context["pooled"]
-    from orchestrator.analysis import analyse
+    from tests.conftest import report_json
 
-    report = analyse(spec, pooled, pooled_context, conditions=pooled_context["conditions"])
+    report = report_json(spec, pooled, pooled_context, conditions=pooled_context["conditions"])
     [h] = report["hypotheses"]
     assert h["baseline_counts"] == [9, 60] and h["treatment_counts"] == [0, 60]
     assert len(report["arms"]) == 4  # same factor levels, two workloads: four arms

@@ -1,9 +1,10 @@
 """Study analysis (pure): tracked runs -> arms -> verdicts per hypothesis -> the report's facts.
 
 Input: the study (`StudySpec`) and one `RunRecord` per MLflow child run (built by
-`tracking.load_study`). Output: one JSON-ready dict, the content of report.json, which `report.py`
-renders. Nothing here reads files or MLflow, and the same input always gives the same output
-(bootstrap seeds derive from signatures and levels), so report.json can be rebuilt from MLflow alone.
+`tracking.load_study`). Output: the content of report.json as a typed `result.StudyResult` (`result.to_json`
+gives the JSON), which `report` renders. Nothing here reads files or MLflow, and the same input always gives
+the same output (bootstrap seeds derive from signatures and levels), so report.json can be rebuilt from
+MLflow alone.
 
 Arms. An arm's identity is everything that changes what a session measures: its signature (the hash of
 the effective env and flags per role) and its `conditions` (the deployment and the workload settings:
@@ -59,6 +60,7 @@ from typing import Any
 
 from orchestrator import decode_load
 from orchestrator.analysis import cause, clusters, ddmin, stats
+from orchestrator.analysis.result import StudyResult, from_json
 from orchestrator.analysis.runs import LevelSample, RunRecord, identity, run_used
 from orchestrator.analysis.states import (
     ArmState,
@@ -693,10 +695,11 @@ def analyse(
     runs: Sequence[RunRecord],
     context: Mapping[str, Any] | None = None,
     conditions: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """report.json's content. `context` carries what the report quotes verbatim (parent run id,
-    overrides); it must itself be deterministic. `conditions`: today's deployment and workload, which
-    choose the baseline arm when runs of several are given (default: the baseline with most sessions)."""
+) -> StudyResult:
+    """report.json's content, typed (`result.StudyResult`; `result.to_json` gives the JSON). `context`
+    carries what the report quotes verbatim (parent run id, overrides); it must itself be deterministic.
+    `conditions`: today's deployment and workload, which choose the baseline arm when runs of several are
+    given (default: the baseline with most sessions)."""
     runs = sorted(runs, key=lambda r: (r.signature, r.repetition, r.run_id))
     between = between_runs(runs, spec)
     arms = pool_arms(runs, spec, between)
@@ -716,7 +719,7 @@ def analyse(
         # looks taken along the way void the fixed-design p-values: the anytime-valid evidence decides
         for row in hyps:
             decided = stopping["decisions"][row["id"]]
-            last = stopping["trace"][-1]["hypotheses"][row["id"]]["evidence"] if stopping["trace"] else {}
+            last = stopping["trace"][-1]["hypotheses"][row["id"]]["evidence"] if stopping["trace"] else None
             row["evidence"] = last
             if decided["verdict"] != "inconclusive":
                 row["sessions_needed_per_arm"] = row["more_sessions"] = None
@@ -763,7 +766,8 @@ def analyse(
     )
     for arm in arms:
         arm["rate"], arm["upper_bound"] = clean_float(arm["rate"]), clean_float(arm["upper_bound"])
-    return {
+    # the typed result is the boundary: a key analysis writes that the types do not know fails here
+    report = {
         "schema": SCHEMA_VERSION,
         "study": spec.to_dict(),
         "context": dict(context or {}),
@@ -785,6 +789,7 @@ def analyse(
         "minimal_cause": minimal,
         "clusters": clusters_block(spec, runs, between),
     }
+    return from_json(StudyResult, report)
 
 
 def counted_families(arm: Mapping[str, Any]) -> list[str]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from orchestrator import rehearse
 from orchestrator.analysis import analyse, ddmin
+from orchestrator.analysis.result import StudyResult, to_json
 from orchestrator.plan import arm_label
 from orchestrator.rehearse import ArmTruth
 from orchestrator.report.check import disagreements, schema_problems
@@ -44,8 +45,8 @@ def _truths(spec: StudyConf, rates: dict[str, float], icc: float) -> list[ArmTru
     ]
 
 
-def _fixed(spec: StudyConf, arms: list[ArmTruth], runs: int, sessions: int) -> Callable[[Any], dict]:
-    def one(rng: np.random.Generator) -> dict:
+def _fixed(spec: StudyConf, arms: list[ArmTruth], runs: int, sessions: int) -> Callable[[Any], StudyResult]:
+    def one(rng: np.random.Generator) -> StudyResult:
         counts = rehearse.draw_counts(arms, runs, sessions, 1, rng)[0]
         return analyse(spec, rehearse.study_runs(arms, counts, sessions), context={"design": "ofat"})
 
@@ -85,7 +86,7 @@ def factorial() -> tuple[StudyConf, Callable]:
         for c, r in cells
     ]
 
-    def one(rng: np.random.Generator) -> dict:
+    def one(rng: np.random.Generator) -> StudyResult:
         counts = rehearse.draw_counts(arms, 1, 200, 1, rng)[0]
         return analyse(spec, rehearse.study_runs(arms, counts, 200), context={"design": "factorial"})
 
@@ -98,7 +99,7 @@ def sequential_dsv4() -> tuple[StudyConf, Callable]:
     rates = {"baseline": 0.15, "hicache=off": 0.05, "capture=eager": 0.0, "index_k=fp8": 0.0}
     arms = _truths(spec, rates | {"multi_stream=off": 0.0}, 0.02)
 
-    def one(rng: np.random.Generator) -> dict:
+    def one(rng: np.random.Generator) -> StudyResult:
         runs = rehearse.sequential_study(spec, arms, 60, rng, kill_rate=0.05)
         return analyse(spec, runs, context={"design": "sequential"})
 
@@ -120,7 +121,7 @@ def ddmin_search() -> tuple[StudyConf, Callable]:
         rate = 0.155 if {"d2", "d5"} <= subset else 0.0
         return ArmTruth(ddmin.describe_subset(subset, ids), ddmin.levels_of(subset, ids), rate, 0.005)
 
-    def one(rng: np.random.Generator) -> dict:
+    def one(rng: np.random.Generator) -> StudyResult:
         runs = rehearse.ddmin_study(spec, truth_of, 60, rng)
         return analyse(spec, runs, context={"design": "ddmin"})
 
@@ -154,13 +155,14 @@ def check_shape(name: str, studies: int, seed: int = 0) -> dict[str, Any]:
     # the true fixes: the hypotheses whose treatment arm has no corruption in the shape's truth
     fixes = {h.id for h in spec.hypotheses if h.factor in ZERO_FIXES.get(name, ())}
     for _ in range(studies):
-        report = one(rng)
+        result = one(rng)
+        report = to_json(result)  # the checker reads report.json as written
         problems = schema_problems(report) + disagreements(report)
         contradicting += bool(problems)
         found += problems[: max(0, 5 - len(found))]
-        implicated = {r["id"] for r in report["hypotheses"] if r["verdict"] == "implicated"}
+        implicated = {r.id for r in result.hypotheses if r.verdict == "implicated"}
         implicated_all += bool(fixes) and fixes <= implicated
-        cause_found += (report.get("minimal_cause") or {}).get("verdict") == "minimal cause found"
+        cause_found += bool(result.minimal_cause) and result.minimal_cause.verdict == "minimal cause found"
     return {
         "shape": name,
         "studies": studies,

@@ -1,9 +1,9 @@
 """The study report: report.json's facts rendered as markdown (pure), then written with the plots.
 
-`render_markdown(report)` turns the dict that `analysis.analyse` returns into a report that reads like a
-resolved bug report: the headline verdict, the hypothesis table, the minimal cause, the arm table, where
-the arms ran (clusters), the throughput table, the failed and partial runs, the configuration to deploy
-and the commands that reproduce it.
+`render_markdown(result)` turns the typed result that `analysis.analyse` returns (`analysis.result`) into a
+report that reads like a resolved bug report: the headline verdict, the hypothesis table, the minimal
+cause, the arm table, where the arms ran (clusters), the throughput table, the failed and partial runs,
+the configuration to deploy and the commands that reproduce it.
 The pipeline from MLflow (`callbacks.build_report`, used at the end of a multirun and by this package's
 CLI) lets the report be rebuilt from the tracking store alone:
 
@@ -19,10 +19,25 @@ import json
 import logging
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis.result import (
+    Arm,
+    Cell,
+    Clusters,
+    Conjunction,
+    DdminSearch,
+    Deploy,
+    Families,
+    MinimalCause,
+    ProblemRun,
+    RatioLevel,
+    StudyResult,
+    ThroughputLevel,
+    to_json,
+)
 from orchestrator.decode_load import SHORT_FRACTION
 from orchestrator.shell import command_line
 
@@ -72,14 +87,14 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     ]
 
 
-def launch_command(role_config: dict[str, Any]) -> str:
+def launch_command(role_config: Mapping[str, Any]) -> str:
     """`env NAME=value ... argv` for one role (values already redacted)."""
     return command_line(shlex.split(role_config.get("argv") or ""), role_config.get("env") or {})
 
 
-def reproduce_commands(report: dict[str, Any], tracking_uri: str | None) -> list[str]:
-    study = report["study"]["name"]
-    overrides = report["context"].get("overrides") or []
+def reproduce_commands(result: StudyResult, tracking_uri: str | None) -> list[str]:
+    study = result.study.name
+    overrides = result.context.get("overrides") or []
     uri = tracking_uri or "<tracking uri>"
     return [
         "# the study (resume=true skips arms that already have a FINISHED run)",
@@ -92,59 +107,57 @@ def reproduce_commands(report: dict[str, Any], tracking_uri: str | None) -> list
     ]
 
 
-# --- sections: each takes report.json's dict and returns its markdown lines ---------------------------
+# --- sections: each takes the typed result, or the section it reads, and returns its markdown lines ----
 
 
-def title_section(report: dict[str, Any]) -> list[str]:
-    study = report["study"]
-    conf = f"{report['confidence']:.0%}"
-    out = [f"# {study['name']}: {report['headline']}", ""]
-    if study.get("description"):
-        out += [f"> {study['description'].strip()}", ""]
-    base_desc = ", ".join(f"{k}={v}" for k, v in sorted(study["baseline"].items()))
-    family = len(report["hypotheses"])
-    relative = study.get("min_effect_relative", False)
+def title_section(result: StudyResult) -> list[str]:
+    study = result.study
+    conf = f"{result.confidence:.0%}"
+    out = [f"# {study.name}: {result.headline}", ""]
+    if study.description:
+        out += [f"> {study.description.strip()}", ""]
+    base_desc = ", ".join(f"{k}={v}" for k, v in sorted(study.baseline.items()))
+    family = len(result.hypotheses)
+    relative = study.min_effect_relative
     margin = (
-        f"±{pct(study['min_effect'], 0)} of the baseline's rate"
-        if relative
-        else f"±{pct(study['min_effect'])}"
+        f"±{pct(study.min_effect, 0)} of the baseline's rate" if relative else f"±{pct(study.min_effect)}"
     )
-    if report.get("ddmin"):
-        search = report["ddmin"]
-        ids = {d["id"] for d in search["differences"]}
-        good = ", ".join(f"{k}={v}" for k, v in sorted(study["baseline"].items()) if k not in ids)
+    if result.ddmin:
+        search = result.ddmin
+        ids = {d.id for d in search.differences}
+        good = ", ".join(f"{k}={v}" for k, v in sorted(study.baseline.items()) if k not in ids)
         out += [
-            f"Good configuration: `{good}`; the bad one adds {len(search['differences'])} differences. "
+            f"Good configuration: `{good}`; the bad one adds {len(search.differences)} differences. "
             f"Delta debugging (ddmin) for the smallest subset of them that still corrupts, each subset tried "
             f"an arm judged by anytime-valid e-values on its runs (beta-binomial, the restart-to-restart "
-            f"variation included) against the ceiling {pct(study['ceiling'])}: corrupting above it, clean "
-            f"under it; the j-th subset at alpha {study['alpha']} / (j (j + 1)), so every verdict of the "
-            f"search is right with probability at least {1 - study['alpha']:.0%}.",
+            f"variation included) against the ceiling {pct(study.ceiling)}: corrupting above it, clean "
+            f"under it; the j-th subset at alpha {study.alpha} / (j (j + 1)), so every verdict of the "
+            f"search is right with probability at least {1 - study.alpha:.0%}.",
             "",
         ]
-    elif report.get("stopping"):
+    elif result.stopping:
         out += [
             f"Baseline arm: `{base_desc}`. Sequential design: after every round, anytime-valid e-values "
             f"on the runs (beta-binomial, the restart-to-restart variation included) decide each "
-            f"hypothesis at family-wise alpha {study['alpha']} across {family} "
+            f"hypothesis at family-wise alpha {study.alpha} across {family} "
             f"hypothes{'i' if family == 1 else 'e'}s (closed testing on e-values), however many rounds "
             f"were looked at; implicated needs a reduction and the changed arm's rate under "
-            f"{pct(study['ceiling'])}; exonerated needs the rates equal within {margin}.",
+            f"{pct(study.ceiling)}; exonerated needs the rates equal within {margin}.",
             "",
         ]
     else:
         out += [
-            f"Baseline arm: `{base_desc}`. Test: {study['test']} (two-sided) on effective counts (sessions "
+            f"Baseline arm: `{base_desc}`. Test: {study.test} (two-sided) on effective counts (sessions "
             f"divided by the design effect of the restart-to-restart variation), Holm across {family} "
-            f"hypothes{'i' if family == 1 else 'e'}s at alpha {study['alpha']}; implicated needs the changed "
-            f"arm's upper bound under {pct(study['ceiling'])}; exonerated needs the difference's {conf} "
+            f"hypothes{'i' if family == 1 else 'e'}s at alpha {study.alpha}; implicated needs the changed "
+            f"arm's upper bound under {pct(study.ceiling)}; exonerated needs the difference's {conf} "
             f"interval within {margin} (a change that removes corruption is never exonerated).",
             "",
         ]
-    between = report.get("between_runs")
+    between = result.between_runs
     if between:
-        out += [f"Between server starts ({between['method']}): {between['note']}.", ""]
-    context = report["context"]
+        out += [f"Between server starts ({between.method}): {between.note}.", ""]
+    context = result.context
     if context.get("pooled"):
         out += [f"Runs counted: {context['pooled']}.", ""]
     if context.get("parent_run_id"):
@@ -159,12 +172,12 @@ def e_value(log_e: float | None) -> str:
     return f"{math.exp(log_e):.3g}" if log_e < 50 else f"e^{log_e:.0f}"
 
 
-def hypotheses_section(report: dict[str, Any]) -> list[str]:
-    if not report["hypotheses"] and report.get("ddmin"):
+def hypotheses_section(result: StudyResult) -> list[str]:
+    if not result.hypotheses and result.ddmin:
         return []  # a ddmin study asks which differences, not which hypotheses
-    if report.get("stopping"):
-        return sequential_hypotheses_section(report)
-    conf = f"{report['confidence']:.0%}"
+    if result.stopping:
+        return sequential_hypotheses_section(result)
+    conf = f"{result.confidence:.0%}"
     head = [
         "hypothesis",
         "change",
@@ -178,181 +191,178 @@ def hypotheses_section(report: dict[str, Any]) -> list[str]:
     ]
     rows = [
         [
-            f"{h['id']}: {h['statement']}",
-            f"{h['factor']}: {h['baseline_level']} → {h['treatment_level']}",
-            f"{h['baseline_counts'][0]}/{h['baseline_counts'][1]}",
-            f"{h['treatment_counts'][0]}/{h['treatment_counts'][1]}",
-            interval(h["diff_ci"], signed=True),
-            pval(h["p"]),
-            pval(h["p_holm"]),
-            VERDICT_MARK[h["verdict"]],
-            h["note"],
+            f"{h.id}: {h.statement}",
+            f"{h.factor}: {h.baseline_level} → {h.treatment_level}",
+            f"{h.baseline_counts[0]}/{h.baseline_counts[1]}",
+            f"{h.treatment_counts[0]}/{h.treatment_counts[1]}",
+            interval(h.diff_ci, signed=True),
+            pval(h.p),
+            pval(h.p_holm),
+            VERDICT_MARK[h.verdict],
+            h.note,
         ]
-        for h in report["hypotheses"]
+        for h in result.hypotheses
     ]
     return ["## Hypotheses", "", *_table(head, rows)]
 
 
-def sequential_hypotheses_section(report: dict[str, Any]) -> list[str]:
+def sequential_hypotheses_section(result: StudyResult) -> list[str]:
     """A sequential study's verdicts rest on its e-values (fixed-design p-values are void after looks)."""
-    th = report["stopping"]["thresholds"]
+    th = result.stopping.thresholds
     head = [
         "hypothesis",
         "change",
         "baseline",
         "changed arm",
-        f"closed e reduction (needs {e_value(th['comparison'])})",
-        f"closed e equal (needs {e_value(th['comparison'])})",
-        f"e under ceiling (needs {e_value(th['ceiling'])})",
+        f"closed e reduction (needs {e_value(th.comparison)})",
+        f"closed e equal (needs {e_value(th.comparison)})",
+        f"e under ceiling (needs {e_value(th.ceiling)})",
         "verdict",
         "why",
     ]
     rows = []
-    for h in report["hypotheses"]:
-        ev = h.get("evidence") or {}
+    for h in result.hypotheses:
+        ev = h.evidence  # None before the first look
         rows.append(
             [
-                f"{h['id']}: {h['statement']}",
-                f"{h['factor']}: {h['baseline_level']} → {h['treatment_level']}",
-                f"{h['baseline_counts'][0]}/{h['baseline_counts'][1]}",
-                f"{h['treatment_counts'][0]}/{h['treatment_counts'][1]}",
-                e_value(ev.get("reduction")),
-                e_value(ev.get("equivalence")),
-                e_value(ev.get("under")),
-                VERDICT_MARK[h["verdict"]],
-                h["note"],
+                f"{h.id}: {h.statement}",
+                f"{h.factor}: {h.baseline_level} → {h.treatment_level}",
+                f"{h.baseline_counts[0]}/{h.baseline_counts[1]}",
+                f"{h.treatment_counts[0]}/{h.treatment_counts[1]}",
+                e_value(ev.reduction if ev else None),
+                e_value(ev.equivalence if ev else None),
+                e_value(ev.under if ev else None),
+                VERDICT_MARK[h.verdict],
+                h.note,
             ]
         )
     return ["## Hypotheses", "", *_table(head, rows)]
 
 
-def stopping_section(report: dict[str, Any]) -> list[str]:
+def stopping_section(result: StudyResult) -> list[str]:
     """A sequential study's stopping trace: per round the arms run and each hypothesis' evidence."""
-    stop = report.get("stopping")
+    stop = result.stopping
     if not stop:
         return []
-    th = stop["thresholds"]
-    hyps = [h["id"] for h in report["hypotheses"]]
+    th = stop.thresholds
+    hyps = [h.id for h in result.hypotheses]
     out = [
         "## Stopping trace",
         "",
-        f"Sequential design: {stop['rounds']} round(s), {stop['sessions']} sessions; a fixed design running "
-        f"every arm for as many rounds: {stop['fixed_design_sessions']}. Evidence is an e-value per claim "
-        f"({stop['method']}): a comparison is decided when its closed e-value reaches "
-        f"{e_value(th['comparison'])}, "
-        f"the ceiling at {e_value(th['ceiling'])}; budget {stop['max_runs_per_arm']} runs per arm"
-        + (f", {stop['max_sessions']} sessions" if stop["max_sessions"] else "")
+        f"Sequential design: {stop.rounds} round(s), {stop.sessions} sessions; a fixed design running "
+        f"every arm for as many rounds: {stop.fixed_design_sessions}. Evidence is an e-value per claim "
+        f"({stop.method}): a comparison is decided when its closed e-value reaches "
+        f"{e_value(th.comparison)}, "
+        f"the ceiling at {e_value(th.ceiling)}; budget {stop.max_runs_per_arm} runs per arm"
+        + (f", {stop.max_sessions} sessions" if stop.max_sessions else "")
         + ".",
         "",
     ]
     head = ["round", "arms run", "sessions", "ICC", *hyps]
     rows = []
-    for look in stop["trace"]:
+    for look in stop.trace:
         cells = []
         for h in hyps:
-            row = look["hypotheses"][h]
-            ev = row["evidence"]
+            row = look.hypotheses[h]
+            ev = row.evidence
             cells.append(
-                f"red {e_value(ev['reduction'])}, eq {e_value(ev['equivalence'])}, under "
-                f"{e_value(ev['under'])}: **{row['verdict'] or 'undecided'}**"
+                f"red {e_value(ev.reduction)}, eq {e_value(ev.equivalence)}, under "
+                f"{e_value(ev.under)}: **{row.verdict or 'undecided'}**"
             )
-        rows.append(
-            [look["round"], ", ".join(look["arms_run"]), look["sessions"], f"{look['icc']:.3f}", *cells]
-        )
+        rows.append([look.round, ", ".join(look.arms_run), look.sessions, f"{look.icc:.3f}", *cells])
     out += _table(head, rows)
-    spent = ", ".join(f"{label} {n}" for label, n in stop["sessions_per_arm"].items())
-    benched = ", ".join(stop["benched"]) or "none"
+    spent = ", ".join(f"{label} {n}" for label, n in stop.sessions_per_arm.items())
+    benched = ", ".join(stop.benched) or "none"
     out += ["", f"Sessions per arm: {spent}. Throughput sweeps ran on: {benched}.", ""]
     return out
 
 
-def _levels(levels: dict[str, str]) -> str:
+def _levels(levels: Mapping[str, str]) -> str:
     """`capture=graph` AND `multi_stream=on` (or "no level" for the empty conjunction)."""
     return " AND ".join(f"`{f}={v}`" for f, v in sorted(levels.items())) or "no level"
 
 
-def _conjunction_lines(conj: dict[str, Any]) -> list[str]:
+def _conjunction_lines(conj: Conjunction) -> list[str]:
     head = ["conjunct", "necessary", "evidence"]
     rows = [
-        [f"`{f}={e['level']}`", "shown" if e["evidence"] == "pair" else "inferred only", e["note"]]
-        for f, e in conj["necessary"].items()
+        [f"`{f}={e.level}`", "shown" if e.evidence == "pair" else "inferred only", e.note]
+        for f, e in conj.necessary.items()
     ]
-    out = [f"{_levels(conj['levels'])}: {conj['verdict']}.", ""]
+    out = [f"{_levels(conj.levels)}: {conj.verdict}.", ""]
     return out + (_table(head, rows) if rows else [])
 
 
-def minimal_cause_section(report: dict[str, Any]) -> list[str]:
+def minimal_cause_section(block: MinimalCause | None) -> list[str]:
     """The smallest conjunction(s) of factor levels the arms say corruption needs (report.json:
     `minimal_cause`): the verdict in a sentence, each conjunct's evidence, each arm's state, what
     modulates the rate, the factorial effects, and what the design cannot tell."""
-    block = report.get("minimal_cause")
     if not block:
         return []
-    out = ["## Minimal cause", "", f"**{block['verdict']}**: {block['summary']}", ""]
-    for conj in block["conjunctions"]:
+    out = ["## Minimal cause", "", f"**{block.verdict}**: {block.summary}", ""]
+    for conj in block.conjunctions:
         out += _conjunction_lines(conj)
-    if block.get("provisional") and block["provisional"]["conjunctions"]:
-        guess = " or ".join(_levels(c) for c in block["provisional"]["conjunctions"])
-        out += [f"Provisional, {block['provisional']['note']}: {guess}.", ""]
-    head = ["arm", "corrupted/n", "interval", "at", f"state (ceiling {pct(block['ceiling'], 0)})"]
+    if block.provisional and block.provisional.conjunctions:
+        guess = " or ".join(_levels(c) for c in block.provisional.conjunctions)
+        out += [f"Provisional, {block.provisional.note}: {guess}.", ""]
+    head = ["arm", "corrupted/n", "interval", "at", f"state (ceiling {pct(block.ceiling, 0)})"]
     rows = [
         [
-            a["label"],
-            f"{a['counts'][0]}/{a['counts'][1]}",
-            interval(a["bounds"], 2),
-            f"{a['confidence']:.2%}" if a.get("confidence") else "–",
-            a["state"],
+            a.label,
+            f"{a.counts[0]}/{a.counts[1]}",
+            interval(a.bounds, 2),
+            f"{a.confidence:.2%}" if a.confidence else "–",
+            a.state,
         ]
-        for a in block["arms"]
+        for a in block.arms
     ]
     out += [
-        f"Each arm's state (the study's arm states: see Arms for how they are judged); {block['method']}:",
+        f"Each arm's state (the study's arm states: see Arms for how they are judged); {block.method}:",
         "",
         *_table(head, rows),
     ]
-    for mod in block["modulators"]:
-        (first, second), (lo, hi) = mod["arms"], mod["ci"]
+    for mod in block.modulators:
+        (first, second), (lo, hi) = mod.arms, mod.ci
         out.append(
-            f"- Modulator **{mod['factor']}** ({mod['levels'][0]} → {mod['levels'][1]}): {first['label']} "
-            f"{first['counts'][0]}/{first['counts'][1]} vs {second['label']} {second['counts'][0]}/"
-            f"{second['counts'][1]}, difference {interval([lo, hi], signed=True)} "
-            f"({mod['confidence']:.1%} Newcombe, effective counts)"
+            f"- Modulator **{mod.factor}** ({mod.levels[0]} → {mod.levels[1]}): {first.label} "
+            f"{first.counts[0]}/{first.counts[1]} vs {second.label} {second.counts[0]}/"
+            f"{second.counts[1]}, difference {interval([lo, hi], signed=True)} "
+            f"({mod.confidence:.1%} Newcombe, effective counts)"
         )
-    if block["modulators"]:
+    if block.modulators:
         out.append("")
-    if block.get("effects"):
-        fixed = ", ".join(f"{f}={v}" for f, v in sorted(block["factorial"]["fixed"].items())) or "none"
+    if block.effects:
+        fixed = ", ".join(f"{f}={v}" for f, v in sorted(block.factorial.fixed.items())) or "none"
         out += [
-            f"Factorial effects on the rate ({', '.join(block['factorial']['factors'])}, the others fixed: "
-            f"{fixed}; {block['factorial']['method']}):",
+            f"Factorial effects on the rate ({', '.join(block.factorial.factors)}, the others fixed: "
+            f"{fixed}; {block.factorial.method}):",
             "",
             *_table(
                 ["effect", "kind", "estimate", "interval", "excludes 0"],
                 [
                     [
-                        e["description"],
-                        e["kind"],
-                        f"{e['estimate'] * 100:+.1f} pp",
-                        interval(e["ci"], signed=True),
-                        "yes" if e["excludes_zero"] else "no",
+                        e.description,
+                        e.kind,
+                        f"{e.estimate * 100:+.1f} pp",
+                        interval(e.ci, signed=True),
+                        "yes" if e.excludes_zero else "no",
                     ]
-                    for e in block["effects"]
+                    for e in block.effects
                 ],
             ),
         ]
-    if block["limits"]:
-        out += ["What the design cannot tell:", "", *(f"- {line}" for line in block["limits"]), ""]
+    if block.limits:
+        out += ["What the design cannot tell:", "", *(f"- {line}" for line in block.limits), ""]
     return out
 
 
-def _batches(facts: dict[str, float]) -> str:
+def _batches(facts: Mapping[str, float]) -> str:
     if "capture_batches" not in facts and "eager_batches" not in facts:
         return "–"
     return f"{int(facts.get('capture_batches', 0))}/{int(facts.get('eager_batches', 0))}"
 
 
-def arms_section(report: dict[str, Any]) -> list[str]:
-    conf = f"{report['confidence']:.0%}"
+def arms_section(result: StudyResult) -> list[str]:
+    conf = f"{result.confidence:.0%}"
     head = [
         "arm",
         "signature",
@@ -370,21 +380,21 @@ def arms_section(report: dict[str, Any]) -> list[str]:
     ]
     rows = [
         [
-            a["label"],
-            f"`{a['signature']}`",
-            f"{sum(r['used'] for r in a['runs'])}/{len(a['runs'])}",
+            a.label,
+            f"`{a.signature}`",
+            f"{sum(r.used for r in a.runs)}/{len(a.runs)}",
             _per_run(a),
-            f"{a['corrupted']}/{a['n']}",
-            pct(a["rate"]),
-            interval(a["ci"]),
-            num(a.get("design_effect"), ".2f"),
-            num(a.get("effective_n"), ".0f"),
-            a["errored"],
-            _batches(a["facts"]),
-            a.get("state") or "–",
-            "partial" if a["partial"] else "",
+            f"{a.corrupted}/{a.n}",
+            pct(a.rate),
+            interval(a.ci),
+            num(a.design_effect, ".2f"),
+            num(a.effective_n, ".0f"),
+            a.errored,
+            _batches(a.facts),
+            a.state or "–",
+            "partial" if a.partial else "",
         ]
-        for a in report["arms"]
+        for a in result.arms
     ]
     return [
         "## Arms",
@@ -394,31 +404,23 @@ def arms_section(report: dict[str, Any]) -> list[str]:
         f"corrupted session ends at its first bad turn). Errored sessions are counted apart and are not in "
         f"n. Intervals: {conf}, exact, widened for the restart-to-restart variation.",
         "",
-        *(
-            [f"Arm states, which every section reads: {report['policy']['text']}.", ""]
-            if report.get("policy")
-            else []
-        ),
+        *([f"Arm states, which every section reads: {result.policy.text}.", ""] if result.policy else []),
         *_table(head, rows),
     ]
 
 
-def families_section(report: dict[str, Any]) -> list[str]:
+def families_section(block: Families) -> list[str]:
     """Which detector families the verdicts count, and per arm every family's sessions beside."""
-    block = report.get("families") or {}
-    rows = block.get("by_arm") or []
+    rows = block.by_arm
     if not rows:
         return []
-    shown = [*block["counted"], *sorted({f for r in rows for f in r["noted"]})]
-    head = ["arm", "sessions", *(f if f in block["counted"] else f"{f} (not counted)" for f in shown)]
-    table = [
-        [r["label"], r["sessions"], *({**r["noted"], **r["counted"]}.get(f, "–") for f in shown)]
-        for r in rows
-    ]
+    shown = [*block.counted, *sorted({f for r in rows for f in r.noted})]
+    head = ["arm", "sessions", *(f if f in block.counted else f"{f} (not counted)" for f in shown)]
+    table = [[r.label, r.sessions, *({**r.noted, **r.counted}.get(f, "–") for f in shown)] for r in rows]
     lines = [
         "## Detector families",
         "",
-        f"The verdicts count {' and '.join(f'`{f}`' for f in block['counted'])} findings as corruption. "
+        f"The verdicts count {' and '.join(f'`{f}`' for f in block.counted)} findings as corruption. "
         "`structural`: what no healthy server emits whatever its model decides (malformed or leaked "
         "calls, unknown tools, schema breaks, missing calls, repetition, bad UTF-8, truncation). "
         "`plan_drift`: a well-formed call that is not the plan's next one (model quality against a weak "
@@ -426,43 +428,43 @@ def families_section(report: dict[str, Any]) -> list[str]:
         "",
         *_table(head, table),
     ]
-    if not block.get("same_in_every_arm", True):
+    if not block.same_in_every_arm:
         lines += ["", "**Arms counted different families: their rates are not comparable.**"]
     return lines
 
 
-def decode_load_section(report: dict[str, Any]) -> list[str]:
+def decode_load_section(arms: Sequence[Arm]) -> list[str]:
     """Per arm, the decode's load during its stress runs against the planned concurrency, and a plain
     sentence for each arm whose load fell short or is unknown (report.json: `arms[].decode_load`)."""
-    arms = [a for a in report["arms"] if a.get("decode_load")]
+    arms = [a for a in arms if a.decode_load]
     if not arms:
         return []
     head = ["arm", "planned concurrency", "decode load mean", "p50", "max", "of planned", "runs measured"]
     rows, notes = [], []
     for a in arms:
-        d = a["decode_load"]
+        d = a.decode_load
         rows.append(
             [
-                a["label"],
-                num(d["planned"]),
-                num(d["mean"], ".1f"),
-                num(d["p50"], ".1f"),
-                num(d["max"]),
-                pct(d["fraction"], 0),
-                f"{d['runs_measured']}/{d['runs']}",
+                a.label,
+                num(d.planned),
+                num(d.mean, ".1f"),
+                num(d.p50, ".1f"),
+                num(d.max),
+                pct(d.fraction, 0),
+                f"{d.runs_measured}/{d.runs}",
             ]
         )
-        if d["short"]:
+        if d.short:
             notes.append(
-                f"**{a['label']}** fell short: the decode held {d['mean']:.1f} requests on average against "
-                f"{d['planned']} planned ({pct(d['fraction'], 0)}), so its rate was measured at a lighter "
+                f"**{a.label}** fell short: the decode held {d.mean:.1f} requests on average against "
+                f"{d.planned} planned ({pct(d.fraction, 0)}), so its rate was measured at a lighter "
                 f"load than planned (its sessions spent much of their time away from the decode: a slow or "
                 f"busy client host, the prefill, the network)."
             )
-        if d["runs_measured"] < d["runs"]:
-            missing = d["runs"] - d["runs_measured"]
-            which = "in every run" if not d["runs_measured"] else f"in {missing} of {d['runs']} runs"
-            notes.append(f"**{a['label']}**: decode load unknown {which} ({'; '.join(d['unknown'])}).")
+        if d.runs_measured < d.runs:
+            missing = d.runs - d.runs_measured
+            which = "in every run" if not d.runs_measured else f"in {missing} of {d.runs} runs"
+            notes.append(f"**{a.label}**: decode load unknown {which} ({'; '.join(d.unknown)}).")
     out = [
         "## Decode load",
         "",
@@ -501,37 +503,36 @@ def _utc(text: str | None) -> str:
     return f"{day} {clock[:8]} UTC" if clock.endswith("+00:00") else text
 
 
-def _cell(cell: dict[str, Any] | None) -> str:
-    if not cell or not cell["runs"]:
+def _cell(cell: Cell | None) -> str:
+    if not cell or not cell.runs:
         return "–"
-    return f"{cell['runs']} run{'s' if cell['runs'] != 1 else ''}, {cell['corrupted']}/{cell['sessions']}"
+    return f"{cell.runs} run{'s' if cell.runs != 1 else ''}, {cell.corrupted}/{cell.sessions}"
 
 
-def clusters_section(report: dict[str, Any]) -> list[str]:
+def clusters_section(block: Clusters | None) -> list[str]:
     """Where the arms ran (report.json: `clusters`): the clusters, arms x clusters (runs, corrupted of
     sessions, of the runs the verdicts use), each cluster's leases, runs lost with their lease, and
     whether an arm's rate differs between clusters beyond restart variation."""
-    block = report.get("clusters")
     if not block:
         return []
-    names = [*block["clusters"], *(["unknown"] if block["unknown_runs"] else [])]
-    out = ["## Clusters", "", block["sentence"], ""]
-    several = len(block["clusters"]) > 1
+    names = [*block.clusters, *(["unknown"] if block.unknown_runs else [])]
+    out = ["## Clusters", "", block.sentence, ""]
+    several = len(block.clusters) > 1
     head = ["arm", *(f"{c} (runs, corrupted/sessions)" for c in names)]
     if several:
         head.append("share of runs")
     rows = []
-    for a in block["by_arm"]:
-        row = [a["label"], *(_cell(a["cells"].get(c)) for c in names)]
+    for a in block.by_arm:
+        row = [a.label, *(_cell(a.cells.get(c)) for c in names)]
         if several:
-            row.append(", ".join(f"{a['share'].get(c, 0.0):.0%} {c}" for c in block["clusters"]) or "–")
+            row.append(", ".join(f"{a.share.get(c, 0.0):.0%} {c}" for c in block.clusters) or "–")
         rows.append(row)
     out += [
         "Runs the verdicts use (FINISHED, complete outcomes), per arm and cluster:",
         "",
         *_table(head, rows),
     ]
-    if block["leases"]:
+    if block.leases:
         head = [
             "cluster",
             "pool member",
@@ -545,113 +546,113 @@ def clusters_section(report: dict[str, Any]) -> list[str]:
         ]
         rows = [
             [
-                le["cluster"],
-                ", ".join(le["members"]) or "–",
-                ", ".join(le["by"]) or "–",
-                ", ".join(le["arms"]),
-                le["runs"] if not le["open"] else f"{le['runs']} ({le['open']} without an end)",
-                _utc(le["first_start"]),
-                _utc(le["last_end"]),
-                duration(le["busy_s"]),
-                pct(le["busy_fraction"], 0),
+                le.cluster,
+                ", ".join(le.members) or "–",
+                ", ".join(le.by) or "–",
+                ", ".join(le.arms),
+                le.runs if not le.open else f"{le.runs} ({le.open} without an end)",
+                _utc(le.first_start),
+                _utc(le.last_end),
+                duration(le.busy_s),
+                pct(le.busy_fraction, 0),
             ]
-            for le in block["leases"]
+            for le in block.leases
         ]
         out += [
             "Leases (every run that held one; busy: the union of its lease intervals):",
             "",
             *_table(head, rows),
         ]
-        for le in block["leases"]:
-            if le["overlap_s"] > 0:
+        for le in block.leases:
+            if le.overlap_s > 0:
                 out += [
-                    f"- **{le['cluster']}**: leases overlapped for {duration(le['overlap_s'])} (two holders "
+                    f"- **{le.cluster}**: leases overlapped for {duration(le.overlap_s)} (two holders "
                     f"at once: something held it outside the pool).",
                     "",
                 ]
-    if block["lost"]:
+    if block.lost:
         out += ["Runs lost with their pool lease (FAILED, never pooled):", ""]
         out += [
-            f"- **{r['arm']} #{r['repetition']}** (run `{r['run_id']}`) on {r['cluster']}"
-            + (f" ({r['member']})" if r["member"] else "")
-            + f", lease {_utc(r['lease_start'])} to {_utc(r['lease_end'])}: {r['reason']}"
-            for r in block["lost"]
+            f"- **{r.arm} #{r.repetition}** (run `{r.run_id}`) on {r.cluster}"
+            + (f" ({r.member})" if r.member else "")
+            + f", lease {_utc(r.lease_start)} to {_utc(r.lease_end)}: {r.reason}"
+            for r in block.lost
         ]
         out.append("")
-    if block["recovered"]:
+    if block.recovered:
         out += [
             *(
-                f"- {r['arm']} #{r['repetition']} on {r['cluster']}"
-                + (f" ({r['member']})" if r["member"] else "")
-                + f" took the member over from a lost holder: {r['reason']}"
-                for r in block["recovered"]
+                f"- {r.arm} #{r.repetition} on {r.cluster}"
+                + (f" ({r.member})" if r.member else "")
+                + f" took the member over from a lost holder: {r.reason}"
+                for r in block.recovered
             ),
             "",
         ]
-    check = block["check"]
-    if check["arms"]:
-        note = check["icc"]["note"]
-        clusters = block["clusters"]
+    check = block.check
+    if check.arms:
+        note = check.icc.note
+        clusters = block.clusters
         head = ["arm", *(f"{c} corrupted/n (rate)" for c in clusters), "p", "p (Holm)", "differs"]
         rows = [
             [
-                r["label"],
+                r.label,
                 *(
-                    f"{v['corrupted']}/{v['sessions']} ({pct(v['rate'])})"
-                    if (v := r["clusters"].get(c))
-                    else "–"
+                    f"{v.corrupted}/{v.sessions} ({pct(v.rate)})" if (v := r.clusters.get(c)) else "–"
                     for c in clusters
                 ),
-                pval(r["p"]),
-                pval(r["p_holm"]),
-                ("**yes**" if r["differs"] else "no") if r["tested"] else r["note"],
+                pval(r.p),
+                pval(r.p_holm),
+                ("**yes**" if r.differs else "no") if r.tested else r.note,
             ]
-            for r in check["arms"]
+            for r in check.arms
         ]
         out += [
-            f"Cluster effect beyond restart variation: {check['method']}. {note[0].upper()}{note[1:]}:",
+            f"Cluster effect beyond restart variation: {check.method}. {note[0].upper()}{note[1:]}:",
             "",
             *_table(head, rows),
         ]
-    out += [f"**Cluster check**: {check['verdict']}.", ""]
-    if block["balance"]:
-        out += [f"Balance: {block['balance']['note']}.", ""]
+    out += [f"**Cluster check**: {check.verdict}.", ""]
+    if block.balance:
+        out += [f"Balance: {block.balance.note}.", ""]
     return out
 
 
-def _per_run(arm: dict[str, Any]) -> str:
+def _per_run(arm: Arm) -> str:
     """`16/60, 9/60, 11/60`: each pooled run's corrupted/n, in repetition order."""
-    used = [r for r in arm["runs"] if r["used"]]
-    return ", ".join(f"{r['corrupted']}/{r['corrupted'] + r['clean']}" for r in used) or "–"
+    used = [r for r in arm.runs if r.used]
+    return ", ".join(f"{r.corrupted}/{r.corrupted + r.clean}" for r in used) or "–"
 
 
-def _throughput_rows(levels: list[dict[str, Any]], base_tok: dict[int, Any], arm_tok: dict[int, Any]) -> list:
+def _throughput_rows(
+    levels: Sequence[RatioLevel], base_tok: Mapping[int, float | None], arm_tok: Mapping[int, ThroughputLevel]
+) -> list:
     rows = []
     for lv in levels:
-        arm = arm_tok[lv["concurrency"]]
+        arm = arm_tok[lv.concurrency]
         rows.append(
             [
-                lv["concurrency"],
-                num(base_tok.get(lv["concurrency"])),
-                num(arm["tok_s"]),
-                num(lv["ratio"], ".3f"),
-                "–" if lv["ci"][0] is None else f"[{lv['ci'][0]:.3f}, {lv['ci'][1]:.3f}]",
-                f"{num(arm['ttft_p50_s'], '.3f')}/{num(arm['ttft_p99_s'], '.3f')}",
-                f"{num(_ms(arm['itl_p50_s']), '.1f')}/{num(_ms(arm['itl_p99_s']), '.1f')}",
-                arm["errors"],
-                "yes" if lv["clears_floor"] else "no",
+                lv.concurrency,
+                num(base_tok.get(lv.concurrency)),
+                num(arm.tok_s),
+                num(lv.ratio, ".3f"),
+                "–" if lv.ci[0] is None else f"[{lv.ci[0]:.3f}, {lv.ci[1]:.3f}]",
+                f"{num(arm.ttft_p50_s, '.3f')}/{num(arm.ttft_p99_s, '.3f')}",
+                f"{num(_ms(arm.itl_p50_s), '.1f')}/{num(_ms(arm.itl_p99_s), '.1f')}",
+                arm.errors,
+                "yes" if lv.clears_floor else "no",
             ]
         )
     return rows
 
 
-def throughput_section(report: dict[str, Any]) -> list[str]:
-    study = report["study"]
-    conf = f"{report['confidence']:.0%}"
+def throughput_section(result: StudyResult) -> list[str]:
+    study = result.study
+    conf = f"{result.confidence:.0%}"
     out = ["## Throughput", ""]
-    base_arm = next((a for a in report["arms"] if a["label"] == "baseline"), None)
-    base_tok = {lv["concurrency"]: lv["tok_s"] for lv in base_arm["throughput"]} if base_arm else {}
-    if not report["throughput"]:
+    base_arm = next((a for a in result.arms if a.label == "baseline"), None)
+    base_tok = {lv.concurrency: lv.tok_s for lv in base_arm.throughput} if base_arm else {}
+    if not result.throughput:
         out += ["No throughput comparison (no baseline or no bench data).", ""]
     head = [
         "C",
@@ -664,24 +665,24 @@ def throughput_section(report: dict[str, Any]) -> list[str]:
         "errors",
         "clears floor",
     ]
-    for t in report["throughput"]:
-        arm = next(a for a in report["arms"] if a["signature"] == t["arm"])
-        arm_tok = {lv["concurrency"]: lv for lv in arm["throughput"]}
-        swept = max((lv["runs"] for lv in arm["throughput"]), default=0)
-        base_runs = max((lv["runs"] for lv in base_arm["throughput"]), default=0) if base_arm else 0
+    for t in result.throughput:
+        arm = next(a for a in result.arms if a.signature == t.arm)
+        arm_tok = {lv.concurrency: lv for lv in arm.throughput}
+        swept = max((lv.runs for lv in arm.throughput), default=0)
+        base_runs = max((lv.runs for lv in base_arm.throughput), default=0) if base_arm else 0
         out += [
-            f"**{t['label']}** vs baseline: {t['verdict']} (floor {pct(study['throughput_floor'], 0)} of "
+            f"**{t.label}** vs baseline: {t.verdict} (floor {pct(study.throughput_floor, 0)} of "
             f"baseline, lower bound of a {conf} bootstrap interval; the sweep ran on {swept} run(s) of this "
             f"arm and {base_runs} of the baseline: `bench.repetitions`).",
             "",
-            *_table(head, _throughput_rows(t["levels"], base_tok, arm_tok)),
+            *_table(head, _throughput_rows(t.levels, base_tok, arm_tok)),
         ]
     return out
 
 
-def problem_runs_section(report: dict[str, Any]) -> list[str]:
+def problem_runs_section(problems: Sequence[ProblemRun]) -> list[str]:
     out = ["## Failed and partial runs", ""]
-    if not report["problem_runs"]:
+    if not problems:
         return [*out, "None: every run finished.", ""]
     head = [
         "arm",
@@ -694,25 +695,25 @@ def problem_runs_section(report: dict[str, Any]) -> list[str]:
     ]
     rows = [
         [
-            p["arm"],
-            p["repetition"],
-            p["status"],
-            p["outcomes"],
-            "yes (partial)" if p["used"] else "no",
-            f"{p['corrupted']}/{p['clean']}/{p['errored']} of {p['planned']}",
-            (p["reason"] or "–") + ("" if p["used"] else " (outcomes not pooled)"),
+            p.arm,
+            p.repetition,
+            p.status,
+            p.outcomes,
+            "yes (partial)" if p.used else "no",
+            f"{p.corrupted}/{p.clean}/{p.errored} of {p.planned}",
+            (p.reason or "–") + ("" if p.used else " (outcomes not pooled)"),
         ]
-        for p in report["problem_runs"]
+        for p in problems
     ]
     return [*out, *_table(head, rows)]
 
 
-def _ordered_roles(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _ordered_roles(config: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     order = {role: i for i, role in enumerate(ROLE_ORDER)}
     return sorted(config.items(), key=lambda item: (order.get(item[0], 99), item[0]))
 
 
-def origin_table(config: dict[str, Any]) -> list[str]:
+def origin_table(config: Mapping[str, Any]) -> list[str]:
     """Per role, every env var and flag of a configuration and what set it (a factor level, the
     deployment, or the cluster's topology)."""
     rows = []
@@ -726,98 +727,96 @@ def origin_table(config: dict[str, Any]) -> list[str]:
     return ["Where each setting comes from:", "", *_table(["role", "kind", "setting", "set by"], rows)]
 
 
-def deploy_section(report: dict[str, Any]) -> list[str]:
+def deploy_section(deploy: Deploy | None) -> list[str]:
     out = ["## Configuration to deploy", ""]
-    deploy = report["deploy"]
     if deploy is None:
         return [*out, "No arm removed the corruption under the ceiling; nothing to deploy yet.", ""]
-    levels = ", ".join(f"{k}={v}" for k, v in sorted(deploy["factors"].items()))
+    levels = ", ".join(f"{k}={v}" for k, v in sorted(deploy.factors.items()))
     out += [
-        f"Arm `{deploy['label']}` (signature `{deploy['arm']}`, {deploy['hypothesis']}; throughput: "
-        f"{deploy['throughput_verdict']}). Factor levels: `{levels}`. Secret values are shown as ***.",
+        f"Arm `{deploy.label}` (signature `{deploy.arm}`, {deploy.hypothesis}; throughput: "
+        f"{deploy.throughput_verdict}). Factor levels: `{levels}`. Secret values are shown as ***.",
         "",
         "```sh",
     ]
-    for role, rc in _ordered_roles(deploy["config"]):
+    for role, rc in _ordered_roles(deploy.config):
         out += [f"# {role}", launch_command(rc)]
-    return [*out, "```", "", *origin_table(deploy["config"])]
+    return [*out, "```", "", *origin_table(deploy.config)]
 
 
-def ddmin_section(report: dict[str, Any]) -> list[str]:
+def ddmin_section(search: DdminSearch | None) -> list[str]:
     """The search of a ddmin study: the differences, every subset tried with its verdict, the steps,
     the minimal set and what the error bound covers."""
-    search = report.get("ddmin")
     if not search:
         return []
     out = ["## Delta debugging", ""]
-    if search["minimal"] is not None:
-        minimal = ", ".join(f"`{d}`" for d in search["minimal"])
+    if search.minimal is not None:
+        minimal = ", ".join(f"`{d}`" for d in search.minimal)
         out += [
-            f"**Minimal set: {minimal}** ({len(search['minimal'])} of {len(search['differences'])} "
-            f"differences). {search['outcome'][0].upper()}{search['outcome'][1:]}. Error bound: "
-            f"{search['error_bound']:.3f} ({search['error_bound_covers']}). Sessions: {search['sessions']} "
-            f"(a one-at-a-time sweep over every difference, {len(search['differences']) + 1} arms x 4 "
-            f"starts: {search['one_at_a_time_sessions']}).",
+            f"**Minimal set: {minimal}** ({len(search.minimal)} of {len(search.differences)} "
+            f"differences). {search.outcome[0].upper()}{search.outcome[1:]}. Error bound: "
+            f"{search.error_bound:.3f} ({search.error_bound_covers}). Sessions: {search.sessions} "
+            f"(a one-at-a-time sweep over every difference, {len(search.differences) + 1} arms x 4 "
+            f"starts: {search.one_at_a_time_sessions}).",
             "",
         ]
     else:
-        out += [f"{search['outcome'][0].upper()}{search['outcome'][1:]}.", ""]
+        out += [f"{search.outcome[0].upper()}{search.outcome[1:]}.", ""]
     head = ["id", "sets"]
     rows = [
         [
-            f"`{d['id']}`" + (" **(minimal set)**" if d["id"] in (search["minimal"] or []) else ""),
+            f"`{d.id}`" + (" **(minimal set)**" if d.id in (search.minimal or []) else ""),
             "; ".join(
                 f"{role}: " + ", ".join(k if v is None else f"{k}={v}" for k, v in sets.items())
-                for role, sets in d["sets"].items()
+                for role, sets in d.sets.items()
             ),
         ]
-        for d in search["differences"]
+        for d in search.differences
     ]
     out += ["Differences (the bad configuration = the good one with all of them):", "", *_table(head, rows)]
     head = ["#", "subset tried", "role", "runs", "corrupted/n", "log e over / under", "needs", "verdict"]
     rows = [
         [
-            t["index"],
-            t["label"],
-            t["role"],
-            len(t["runs"]),
-            f"{t['corrupted']}/{t['sessions']}",
-            f"{t['evidence']['over']:.2f} / {t['evidence']['under']:.2f}",
-            f"{t['log_threshold']:.2f}",
-            t["verdict"] or "running",
+            t.index,
+            t.label,
+            t.role,
+            len(t.runs),
+            f"{t.corrupted}/{t.sessions}",
+            f"{t.evidence.over:.2f} / {t.evidence.under:.2f}",
+            f"{t.log_threshold:.2f}",
+            t.verdict or "running",
         ]
-        for t in search["trials"]
+        for t in search.trials
     ]
     out += [
         "Subsets tried, in order (each at its own alpha: log e must reach `needs`):",
         "",
         *_table(head, rows),
     ]
-    if search["steps"]:
-        out += ["Steps:", "", *[f"{i}. {step}" for i, step in enumerate(search["steps"], 1)], ""]
+    if search.steps:
+        out += ["Steps:", "", *[f"{i}. {step}" for i, step in enumerate(search.steps, 1)], ""]
     return out
 
 
-def reproduce_section(report: dict[str, Any], tracking_uri: str | None) -> list[str]:
-    return ["## Reproduce", "", "```sh", *reproduce_commands(report, tracking_uri), "```", ""]
+def reproduce_section(result: StudyResult, tracking_uri: str | None) -> list[str]:
+    return ["## Reproduce", "", "```sh", *reproduce_commands(result, tracking_uri), "```", ""]
 
 
-def render_markdown(report: dict[str, Any], tracking_uri: str | None = None) -> str:
-    """The markdown report for report.json's dict. Pure."""
+def render_markdown(result: StudyResult, tracking_uri: str | None = None) -> str:
+    """The markdown report of a study's typed result. Pure."""
     sections = [
-        title_section(report),
-        hypotheses_section(report),
-        stopping_section(report),
-        ddmin_section(report),
-        minimal_cause_section(report),
-        arms_section(report),
-        clusters_section(report),
-        decode_load_section(report),
-        families_section(report),
-        throughput_section(report),
-        problem_runs_section(report),
-        deploy_section(report),
-        reproduce_section(report, tracking_uri),
+        title_section(result),
+        hypotheses_section(result),
+        stopping_section(result),
+        ddmin_section(result.ddmin),
+        minimal_cause_section(result.minimal_cause),
+        arms_section(result),
+        clusters_section(result.clusters),
+        decode_load_section(result.arms),
+        families_section(result.families),
+        throughput_section(result),
+        problem_runs_section(result.problem_runs),
+        deploy_section(result.deploy),
+        reproduce_section(result, tracking_uri),
     ]
     return "\n".join(line for section in sections for line in section)
 
@@ -826,26 +825,27 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else x * 1000
 
 
-def dumps(report: dict[str, Any]) -> str:
-    """report.json's exact text: sorted keys, fixed indentation, a final newline."""
-    return json.dumps(report, indent=1, sort_keys=True, allow_nan=False) + "\n"
+def dumps(result: StudyResult) -> str:
+    """report.json's exact text: every field of the typed result, sorted keys, fixed indentation, a final
+    newline."""
+    return json.dumps(to_json(result), indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
 def write_report(
-    report: dict[str, Any], out_dir: Path, plots: bool = True, tracking_uri: str | None = None
+    result: StudyResult, out_dir: Path, plots: bool = True, tracking_uri: str | None = None
 ) -> list[Path]:
     """Write reports/<study>/report.md, report.json and the PNGs; returns the paths, report.md first."""
-    target = Path(out_dir) / report["study"]["name"]
+    target = Path(out_dir) / result.study.name
     target.mkdir(parents=True, exist_ok=True)
     md, js = target / "report.md", target / "report.json"
-    md.write_text(render_markdown(report, tracking_uri))
-    js.write_text(dumps(report))
+    md.write_text(render_markdown(result, tracking_uri))
+    js.write_text(dumps(result))
     paths = [md, js]
     if plots:
         from orchestrator.plots import corruption_plot, throughput_plot
 
-        if any(a["n"] for a in report["arms"]):
-            paths.append(corruption_plot(report, target / "corruption.png"))
-        if any(a["throughput"] for a in report["arms"]):
-            paths.append(throughput_plot(report, target / "throughput.png"))
+        if any(a.n for a in result.arms):
+            paths.append(corruption_plot(result, target / "corruption.png"))
+        if any(a.throughput for a in result.arms):
+            paths.append(throughput_plot(result, target / "throughput.png"))
     return paths

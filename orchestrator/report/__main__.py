@@ -4,7 +4,6 @@ report.json files for sections that contradict each other (`--check FILE...`, re
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -43,8 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.from_report:
         from orchestrator.report.rebuild import rebuild
 
-        paths = rebuild(args.from_report, Path(args.out), plots=not args.no_plots)
-        print(json.loads(paths[1].read_text())["headline"])
+        result, paths = rebuild(args.from_report, Path(args.out), plots=not args.no_plots)
+        print(result.headline)
         return 0
     if args.check:
         from orchestrator.report.check import main as check
@@ -54,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--study is required (or --check FILE..., or --from-report FILE)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        paths = build_report(
+        result, paths = build_report(
             args.tracking_uri,
             args.study,
             Path(args.out),
@@ -64,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.loads(paths[1].read_text())["headline"])
+    print(result.headline)
     for path in paths:
         print(path)
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis import LevelSample, RunRecord, StudySpec, analyse
+from orchestrator.analysis.result import StudyResult
 
 # sections other tools append to report.md, kept as they were
 APPENDED = ("## GPU decode",)
@@ -72,8 +73,9 @@ def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
     return records
 
 
-def rebuild(old: Path, out_dir: Path, plots: bool = True) -> list[Path]:
-    """Write `out_dir`/<study>/report.md and report.json from `old` judged by today's analysis."""
+def rebuild(old: Path, out_dir: Path, plots: bool = True) -> tuple[StudyResult, list[Path]]:
+    """Write `out_dir`/<study>/report.md and report.json from `old` judged by today's analysis; the typed
+    result and the paths, report.md first."""
     from orchestrator.report import write_report
 
     report = json.loads(old.read_text())
@@ -87,4 +89,4 @@ def rebuild(old: Path, out_dir: Path, plots: bool = True) -> list[Path]:
     if kept is not None:
         with paths[0].open("a") as fh:
             fh.write("\n" + text[kept:])
-    return paths
+    return fresh, paths

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from simkit import BASELINE, MODEL, Arm
 
-from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse
+from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec
 from orchestrator.workload.stress import StressSettings, run_stress, run_stress_sync
+from tests.conftest import report_json
 
 SESSIONS, ROUNDS, RUNS = 60, 4, 3
 BASE = {"multi_stream": "on"}
@@ -59,7 +60,7 @@ def test_a_baseline_run_killed_mid_way_does_not_change_the_verdicts(cluster, tmp
             assert summary.errored == 0 and not summary.partial
             durations.append(summary.duration_s)
             runs.append(record(level, rep, json.loads((out / "summary.json").read_text())))
-    before = analyse(SPEC, runs)
+    before = report_json(SPEC, runs)
 
     # one more baseline run, killed part-way: once a few sessions have an outcome, ten sessions at a time
     # so that most are still running (a kill's moment, not a timer: the sim's speed follows the machine's)
@@ -81,7 +82,7 @@ def test_a_baseline_run_killed_mid_way_does_not_change_the_verdicts(cluster, tmp
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] and 0 < summary["sessions"] < SESSIONS
     interrupted = record("on", RUNS, summary, status="KILLED")
-    after = analyse(SPEC, [*runs, interrupted])
+    after = report_json(SPEC, [*runs, interrupted])
 
     assert [h["verdict"] for h in after["hypotheses"]] == [h["verdict"] for h in before["hypotheses"]]
     assert after["hypotheses"][0]["baseline_counts"] == before["hypotheses"][0]["baseline_counts"]
