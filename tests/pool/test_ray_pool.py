@@ -60,8 +60,16 @@ def pooled_sweep(tmp_path: Path, address: str, *extra: str, repetitions: str = "
         "workload.rounds=2", "bench.enabled=false", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **RAY_ENV}
+    # SIGINT as a terminal leaves it: a suite started in the background (`pytest &`) hands its children
+    # SIGINT ignored, and the driver then never sees the test's Ctrl-C (the stress CLI test does the same)
     return subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        argv,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
