@@ -65,7 +65,16 @@ def _start(temp: str, free_port: Callable[[], int], num_cpus: int) -> str:
                 *(f"{flag}={free_port()}" for flag in PORT_FLAGS),
             ]  # fmt: skip
             env = {**os.environ, **RAY_ENV}
-            started = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+            # SIGINT as a terminal leaves it for the head and its workers: a suite started in the
+            # background hands its children SIGINT ignored, and a cancelled arm's worker would run on
+            started = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
             if started.returncode == 0:
                 return f"127.0.0.1:{port}"
             failures.append(started.stdout[-2000:] + started.stderr[-2000:])
