@@ -260,21 +260,11 @@ class ThroughputRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class ProblemRun:
-    """A run failed, interrupted or with errored sessions: its arm and its `RunRow` fields."""
+class ProblemRun(RunRow):
+    """A run failed, interrupted or with errored sessions: its `RunRow` fields, and its arm."""
 
     arm: str
     signature: str
-    run_id: str
-    repetition: int
-    status: str
-    outcomes: str
-    corrupted: int
-    clean: int
-    errored: int
-    planned: int
-    used: bool
-    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
