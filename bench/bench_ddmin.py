@@ -1,6 +1,6 @@
 """Sessions to a minimal cause: delta debugging against one-at-a-time sweeps over the same 20 differences,
 measured side by side in one run on the same truths (the built-in fault model, through the same pure
-code that judges real runs: `python -m orchestrator.rehearse`, which prints each cell).
+code that judges real runs: `python -m orchestrator.study.rehearse`, which prints each cell).
 
     flock /tmp/hh/heavy.lock timeout 900 python bench/bench_ddmin.py [STUDIES] [--live]
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.rehearse import from_config
+from orchestrator.study.rehearse import from_config
 
 CASES = {"1 of 20": [], "2 of 20 (together)": ["factor/index_k=fp8"]}
 
@@ -56,7 +56,7 @@ def main() -> int:
         result = from_config(args)
         fixed = result["one_at_a_time_sessions"]
         seq = result["one_at_a_time"]
-        command = "python -m orchestrator.rehearse " + " ".join(args)
+        command = "python -m orchestrator.study.rehearse " + " ".join(args)
         print(
             f"| {name} | ddmin | {result['exact']:.1%} | {result['sessions_per_study']:.0f} | "
             f"{result['sessions_per_study'] / fixed:.2f} | `{command}` |"

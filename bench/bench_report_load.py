@@ -21,10 +21,10 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from orchestrator.config import CONF_DIR, load_job
-from orchestrator.plan import plan_arm
-from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
-from orchestrator.tracking import ArmTracker, start_study_run
+from orchestrator.config.load import CONF_DIR, load_job
+from orchestrator.config.plan import plan_arm
+from orchestrator.tracking.write import ArmTracker, start_study_run
+from orchestrator.workload.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 
 ARMS = ["", "factor/multi_stream=off", "factor/capture=eager", "factor/index_k=fp8", "factor/hicache=off"]
 RATES = {"": 0.15, "factor/hicache=off": 0.05}

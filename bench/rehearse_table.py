@@ -1,5 +1,5 @@
 """Family-wise false implication on null models and the seed story, for the dsv4 study shape, each cell a
-`python -m orchestrator.rehearse` run (the command is printed with it).
+`python -m orchestrator.study.rehearse` run (the command is printed with it).
 
     flock /tmp/hh/heavy.lock timeout 600 python bench/rehearse_table.py [STUDIES] [EXPERIMENT]
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import sys
 
-from orchestrator.rehearse import from_config
+from orchestrator.study.rehearse import from_config
 
 BENCH = "bench/rehearse"
 
 
 def cell(args: list[str]) -> tuple[str, dict]:
-    return "python -m orchestrator.rehearse " + " ".join(args), from_config(args)
+    return "python -m orchestrator.study.rehearse " + " ".join(args), from_config(args)
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """Rehearsed studies of five shapes, each judged by `analysis.analyse` and checked by the report checker
-(orchestrator/analysis/consistency.py): how many reports contradict themselves (the contract: none), how
+(orchestrator/report/consistency.py): how many reports contradict themselves (the contract: none), how
 often the hypotheses implicate every true fix, and how often the minimal cause is found.
 
     python bench/report_check.py [studies per shape, default 2000] [seed]
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-from orchestrator.analysis.consistency import SHAPES, check_shape
+from orchestrator.report.consistency import SHAPES, check_shape
 
 
 def main(studies: int = 2000, seed: int = 0) -> int:

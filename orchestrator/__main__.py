@@ -19,12 +19,12 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
-from orchestrator.checks import check_local_side
-from orchestrator.config import CONF_DIR, load_job
-from orchestrator.lease import LeaseHeld
-from orchestrator.preflight import PreflightError
-from orchestrator.redact import redact_text
-from orchestrator.schema import JobConf
+from orchestrator.config.load import CONF_DIR, load_job
+from orchestrator.config.redact import redact_text
+from orchestrator.config.schema import JobConf
+from orchestrator.run.lease import LeaseHeld
+from orchestrator.run.local_checks import check_local_side
+from orchestrator.run.preflight import PreflightError
 
 log = logging.getLogger("orchestrator")
 
@@ -41,8 +41,8 @@ class Interrupted(KeyboardInterrupt):
 def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     """One job of the sweep: load and check it, skip it on resume, else run its arm (on a member of its
     cluster pool, held for the whole arm, when it has one)."""
-    from orchestrator.config import on_cluster
-    from orchestrator.tracking import finished_runs
+    from orchestrator.config.plan import on_cluster
+    from orchestrator.tracking.read import finished_runs
 
     job = load_job(cfg)
     check_local_side(job.tracking.uri, job.report.dir)
@@ -60,8 +60,8 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         return step.summary()
     if pool is None:
         return run_on_cluster(job, step, cfg, output_dir)
-    from orchestrator import pool as cluster_pool
-    from orchestrator.tracking import tag_run
+    from orchestrator.run import pool as cluster_pool
+    from orchestrator.tracking.write import tag_run
 
     holder = cluster_pool.PoolHolder(
         label=f"study {job.study.name}, arm {step.label} #{step.repetition}",
@@ -92,9 +92,9 @@ def run_on_cluster(
     job: JobConf, step: ArmStart, cfg: DictConfig, output_dir: Path, hold: Any = None
 ) -> dict[str, Any]:
     """Run the job's prepared arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
-    from orchestrator import pool as cluster_pool
     from orchestrator.remote import make_transports
-    from orchestrator.tracking import ArmTracker, parent_run_id
+    from orchestrator.run import pool as cluster_pool
+    from orchestrator.tracking.write import ArmTracker, parent_run_id
 
     output_dir.mkdir(parents=True, exist_ok=True)
     config_file = output_dir / "resolved_config.yaml"
@@ -147,7 +147,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 def cli() -> None:
     """The command: its own checks of the command line, then the Hydra app; an interrupt ends with one
     line saying what was kept, not a traceback."""
-    from orchestrator.argv import command_line_problems
+    from orchestrator.config.argv import command_line_problems
 
     problems = command_line_problems(sys.argv[1:])
     if problems:

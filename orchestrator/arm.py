@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
-from orchestrator.deploy import DeployError, Deployment, http_get
-from orchestrator.lease import Holder, LeaseHeld, cluster_leases, held
-from orchestrator.observe import parse_decode_log
-from orchestrator.plan import ArmPlan, arm_label, plan_arm, server_url
-from orchestrator.preflight import (
+from orchestrator.config.plan import ArmPlan, arm_label, plan_arm, server_url
+from orchestrator.config.redact import redact_text
+from orchestrator.config.schema import SERVER_ROLES, JobConf, LeaseConf
+from orchestrator.remote import close_all
+from orchestrator.remote.base import Transport
+from orchestrator.run.deploy import DeployError, Deployment, http_get
+from orchestrator.run.lease import Holder, LeaseHeld, cluster_leases, held
+from orchestrator.run.observe import parse_decode_log
+from orchestrator.run.preflight import (
     Expected,
     PreflightError,
     check_arm_on_hosts,
@@ -35,10 +38,7 @@ from orchestrator.preflight import (
     gpu_memory_used,
     host_provenance,
 )
-from orchestrator.redact import redact_text
-from orchestrator.remote import close_all
-from orchestrator.remote.base import Transport
-from orchestrator.schema import SERVER_ROLES, JobConf, LeaseConf
+from orchestrator.workload.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
 
 log = logging.getLogger("orchestrator")
 
@@ -188,8 +188,8 @@ class StressThenBench:
 
 
 def decode_load_monitor(plan: ArmPlan) -> DecodeLoadMonitor:
-    """A started poller of the decode's `/metrics` for this arm's stress run (orchestrator.decode_load),
-    against the sessions the workload runs at once."""
+    """A started poller of the decode's `/metrics` for this arm's stress run
+    (orchestrator.workload.decode_load), against the sessions the workload runs at once."""
     w = plan.workload
     url = server_url(plan.roles["decode"].host) + "/metrics"
     return DecodeLoadMonitor(url, planned_concurrency(w.sessions, w.concurrency or None)).start()
@@ -372,11 +372,7 @@ def confirm_running_args(
     """After start-up, each server says which arguments are in effect; a flag a factor set that the
     server did not take fails the arm (DeployError), since the arm would not test what it is labelled
     with. What could not be confirmed is logged and recorded (`provenance.<role>.args_unconfirmed`)."""
-    infos = {
-        role: fetch(server_url(plan.roles[role].host))
-        for role, flags in expected.items()
-        if flags
-    }
+    infos = {role: fetch(server_url(plan.roles[role].host)) for role, flags in expected.items() if flags}
     problems, notes = confirm_server_args(plan, expected, infos)
     for role, flags in expected.items():
         if flags:

@@ -9,7 +9,7 @@ Definitions (the same before and after a reorganisation, so the two tables compa
 - a *module* is a .py file of `orchestrator/` or `hydra_plugins/`; its imports count wherever they sit
   (top level or inside a function);
 - a *room* is what a newcomer sees at the top of a package: a sub-package (`orchestrator/analysis/`) or a
-  flat module (`orchestrator/deploy.py`); each Hydra plugin package is one room;
+  flat module (`orchestrator/run/deploy.py`); each Hydra plugin package is one room;
 - an *arrow* is a pair of rooms where a module of the first imports one of the second;
 - an arrow *runs back up* when it lies on a cycle of rooms (the two rooms reach each other), i.e. no
   layering of the rooms puts every arrow in one direction;
@@ -29,7 +29,6 @@ import ast
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -167,8 +166,14 @@ def trace_config_walk(argv: list[str]) -> dict[str, object]:
 
     import orchestrator
 
-    project = (str(ROOT / "orchestrator"), str(ROOT / "hydra_plugins"), str(Path(orchestrator.__file__).parent))
-    schema_module = "orchestrator.config.schema" if (ROOT / "orchestrator/config/schema.py").exists() else None
+    project = (
+        str(ROOT / "orchestrator"),
+        str(ROOT / "hydra_plugins"),
+        str(Path(orchestrator.__file__).parent),
+    )
+    schema_module = (
+        "orchestrator.config.schema" if (ROOT / "orchestrator/config/schema.py").exists() else None
+    )
     steps: list[tuple[int, int | None, str, str]] = []  # (frame id, caller step frame id, file, function)
     holding: dict[int, int] = {}  # frame id -> index in steps
 
@@ -176,9 +181,9 @@ def trace_config_walk(argv: list[str]) -> dict[str, object]:
         if isinstance(value, DictConfig):
             return True
         module = type(value).__module__
-        return module in ("orchestrator.schema", schema_module)
+        return module in ("orchestrator.config.schema", schema_module)
 
-    def profile(frame, event, _arg):  # noqa: ANN001
+    def profile(frame, event, _arg):
         if event != "call":
             return
         filename = frame.f_code.co_filename
@@ -211,7 +216,12 @@ def trace_config_walk(argv: list[str]) -> dict[str, object]:
         if i and parent is not None and parent != i - 1 and steps[parent][2] != steps[i - 1][2] != file
     }
     files = {Path(file).resolve() for _f, _p, file, _fn in steps}
-    return {"steps": len(steps), "files entered": len(files), "climbs back up": len(climbs), "files": sorted(files)}
+    return {
+        "steps": len(steps),
+        "files entered": len(files),
+        "climbs back up": len(climbs),
+        "files": sorted(files),
+    }
 
 
 def main(args: list[str]) -> None:
@@ -222,8 +232,15 @@ def main(args: list[str]) -> None:
             print(f"  back up: {a} -> {b}")
     if "--walk" in args:
         walk = trace_config_walk(
-            ["workload.sessions=4", "workload.concurrency=4", "bench.concurrency=[1]", "tracking.uri=sqlite:////tmp/walk.db",
-             "report.dir=/tmp/walk-report", "hydra.run.dir=/tmp/walk-run", "hydra/job_logging=disabled"]
+            [
+                "workload.sessions=4",
+                "workload.concurrency=4",
+                "bench.concurrency=[1]",
+                "tracking.uri=sqlite:////tmp/walk.db",
+                "report.dir=/tmp/walk-report",
+                "hydra.run.dir=/tmp/walk-run",
+                "hydra/job_logging=disabled",
+            ]
         )
         print(f"{'config walk: files entered':32s} {walk['files entered']}")
         print(f"{'config walk: climbs back up':32s} {walk['climbs back up']}")

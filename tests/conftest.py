@@ -23,9 +23,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from orchestrator.config import CONF_DIR, load_job
-from orchestrator.plan import ArmPlan, plan_arm
-from orchestrator.schema import JobConf
+from orchestrator.config.load import CONF_DIR, load_job
+from orchestrator.config.plan import ArmPlan, plan_arm
+from orchestrator.config.schema import JobConf
 
 _ISSUED: set[int] = set()
 # Ports are drawn below Linux's ephemeral range (32768-60999), where the kernel never hands out the local

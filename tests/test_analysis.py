@@ -19,7 +19,7 @@ from orchestrator.analysis import (
     stats,
 )
 from orchestrator.analysis.result import to_json
-from orchestrator.report import dumps, render_markdown
+from orchestrator.report.render import dumps, render_markdown
 from tests.conftest import report_json
 
 BASE = {"capture": "graph", "hicache": "on", "index_k": "bf16", "multi_stream": "on"}

@@ -10,9 +10,9 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
-from orchestrator.config import load_job
+from orchestrator.config.load import load_job
 from orchestrator.remote.local import LocalTransport
-from orchestrator.tracking import CORRUPTED, ArmTracker
+from orchestrator.tracking.write import CORRUPTED, ArmTracker
 from tests.conftest import listening
 
 SMALL = ("workload.sessions=6", "workload.rounds=2", "bench.enabled=false")

@@ -11,9 +11,9 @@ import pytest
 
 from orchestrator import analysis
 from orchestrator.analysis import RunRecord, StudySpec, cause, stats
-from orchestrator.rehearse import ArmTruth, draw_counts, study_runs
-from orchestrator.report import dumps, render_markdown
-from orchestrator.schema import Hypothesis
+from orchestrator.config.schema import Hypothesis
+from orchestrator.report.render import dumps, render_markdown
+from orchestrator.study.rehearse import ArmTruth, draw_counts, study_runs
 from tests.conftest import report_json
 
 BASE = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}

@@ -13,7 +13,7 @@ from scipy import stats as sps
 from orchestrator import analysis
 from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, clusters, stats
 from orchestrator.analysis.result import StudyResult, to_json
-from orchestrator.report import clusters_section, dumps, duration, render_markdown
+from orchestrator.report.render import clusters_section, dumps, duration, render_markdown
 
 BASE = {"hicache": "on", "multi_stream": "on"}
 SPEC = StudySpec(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from orchestrator.catalog import discover_factor_levels
-from orchestrator.config import ConfigError, hydra_runtime, load_job
+from orchestrator.config.catalog import discover_factor_levels
+from orchestrator.config.load import ConfigError, hydra_runtime, load_job
 from tests.conftest import plan_of
 
 SHIPPED_FACTORS = {

@@ -10,10 +10,10 @@ import itertools
 import numpy as np
 import pytest
 
-from orchestrator import designs
 from orchestrator.analysis import RunRecord, ddmin, run_used
-from orchestrator.rehearse import ArmTruth, ddmin_study, true_minimal
-from orchestrator.schema import StudyConf
+from orchestrator.config.schema import StudyConf
+from orchestrator.study import designs
+from orchestrator.study.rehearse import ArmTruth, ddmin_study, true_minimal
 
 IDS = [f"d{i:02d}" for i in range(20)]
 
@@ -179,7 +179,7 @@ def rehearse(culprits, studies, seed, icc=0.005, kill_rate=0.0, ids=IDS):
 )
 def test_the_true_minimal_set_is_found_in_at_least_95_percent_of_studies(culprits, max_sessions):
     # restart-to-restart variation (ICC 0.02, four times the built-in model's) and 5% of runs killed;
-    # 400 studies here; for 1,000: python -m orchestrator.rehearse +experiment=ddmin_serve_script
+    # 400 studies here; for 1,000: python -m orchestrator.study.rehearse +experiment=ddmin_serve_script
     exact, sessions, blocks = rehearse(culprits, 400, seed=11, icc=0.02, kill_rate=0.05)
     assert exact >= 0.95, exact
     # and at a fraction of a one-at-a-time sweep over the 20 (21 arms x 4 starts x 60 = 5,040 sessions)
@@ -213,8 +213,8 @@ OTHER = "{id: other, roles: {decode: {env: {SGLANG_OPT_USE_MULTI_STREAM_OVERLAP:
 
 
 def test_a_subset_is_applied_over_the_good_configuration_and_says_where_each_setting_came_from(compose_cfg):
-    from orchestrator.config import load_job
-    from orchestrator.plan import plan_arm
+    from orchestrator.config.load import load_job
+    from orchestrator.config.plan import plan_arm
 
     good_conf = ["factor/multi_stream=off", "study.hypotheses=[]", f"study.ddmin.differences=[{ONE},{TWO}]"]
     cfg = compose_cfg(*good_conf, "ddmin_subset=[overlap]")
@@ -265,7 +265,7 @@ def test_a_subset_is_applied_over_the_good_configuration_and_says_where_each_set
 def test_bad_differences_are_refused_naming_the_key_and_what_is_accepted(compose_cfg, overrides, message):
     from hydra.errors import HydraException
 
-    from orchestrator.config import ConfigError, load_job
+    from orchestrator.config.load import ConfigError, load_job
 
     with pytest.raises((ConfigError, HydraException)) as err:
         load_job(compose_cfg(*overrides))

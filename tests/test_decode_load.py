@@ -1,6 +1,6 @@
-"""The decode's load during an arm's stress run (orchestrator.decode_load): reading SGLang's gauges, the
-poller, what MLflow keeps, report.json's `arms[].decode_load` and the report's section; one arm end to
-end against the embedded default."""
+"""The decode's load during an arm's stress run (orchestrator.workload.decode_load): reading SGLang's
+gauges, the poller, what MLflow keeps, report.json's `arms[].decode_load` and the report's section; one
+arm end to end against the embedded default."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ from mlflow.tracking import MlflowClient
 from orchestrator.analysis import RunRecord, arm_decode_load
 from orchestrator.analysis.result import ArmDecodeLoad, from_json
 from orchestrator.arm import ArmStart, StressThenBench, prepare, run_arm
-from orchestrator.config import load_job
-from orchestrator.decode_load import (
+from orchestrator.config.load import load_job
+from orchestrator.remote.local import LocalTransport
+from orchestrator.report.render import decode_load_section
+from orchestrator.tracking.read import _record
+from orchestrator.tracking.write import ArmTracker
+from orchestrator.workload.decode_load import (
     DecodeLoad,
     DecodeLoadMonitor,
     LoadUnavailable,
@@ -27,9 +31,6 @@ from orchestrator.decode_load import (
     parse_load,
     planned_concurrency,
 )
-from orchestrator.remote.local import LocalTransport
-from orchestrator.report import decode_load_section
-from orchestrator.tracking import ArmTracker, _record
 
 # what SGLang 0.5.23's decode serves (two DP ranks; tp_rank 1 repeats rank 0's counts)
 SGLANG_PAGE = """\

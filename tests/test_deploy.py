@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.deploy import DeployError, Deployment, http_get, router_waiting_for, server_start_groups
-from orchestrator.plan import ArmPlan, server_url
+from orchestrator.config.plan import ArmPlan, server_url
 from orchestrator.remote.local import LocalTransport
+from orchestrator.run.deploy import DeployError, Deployment, http_get, router_waiting_for, server_start_groups
 from tests.conftest import listening, plan_of
 
 ROLES = ("prefill", "decode", "router")

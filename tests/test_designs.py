@@ -1,4 +1,4 @@
-"""The one registry of designs (orchestrator/designs.py): which design a sweep runs, and the rounds each
+"""The one registry of designs (orchestrator/study/designs.py): which design a sweep runs, and the rounds each
 gives. The sweeper and the rehearsal drive the same objects; the last test holds the rehearsal to the jobs
 the real sweeper lists for the same command."""
 
@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from orchestrator import designs, rehearse
 from orchestrator.analysis import RunRecord
-from orchestrator.designs import DesignError, choose
-from orchestrator.schema import StoppingConf
+from orchestrator.config.schema import StoppingConf
+from orchestrator.study import designs, rehearse
+from orchestrator.study.designs import DesignError, choose
 from tests.test_dry_run import _dry_run
 from tests.test_rehearse import SEED_STORY, SPEC
 from tests.test_sequential import truths

@@ -12,10 +12,10 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from orchestrator.arm import ArmStart, StressThenBench, prepare, run_arm
-from orchestrator.config import load_job
-from orchestrator.preflight import confirm_server_args, judge_role
+from orchestrator.config.load import load_job
 from orchestrator.remote.local import LocalTransport
-from orchestrator.tracking import ArmTracker
+from orchestrator.run.preflight import confirm_server_args, judge_role
+from orchestrator.tracking.write import ArmTracker
 from tests.conftest import listening, plan_of, preflight_only, typo_level, typo_refusal
 
 SMALL = ("workload.sessions=4", "workload.rounds=2", "bench.enabled=false")

@@ -8,9 +8,9 @@ from collections import OrderedDict
 import pytest
 from hydra.errors import HydraException
 
-from orchestrator.designs import ofat_overrides
-from orchestrator.plan import flag_words, merge_role, signature
-from orchestrator.schema import FactorLevel, FactorRoles, RoleDelta, RoleLaunch, SelectedLevel
+from orchestrator.config.plan import flag_words, merge_role, signature
+from orchestrator.config.schema import FactorLevel, FactorRoles, RoleDelta, RoleLaunch, SelectedLevel
+from orchestrator.study.designs import ofat_overrides
 from tests.conftest import plan_of
 
 

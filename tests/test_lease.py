@@ -13,9 +13,18 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.lease import Holder, HostLease, LeaseHeld, acquire, cluster_leases, held, is_stale, release
+from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
-from orchestrator.schema import LeaseConf
+from orchestrator.run.lease import (
+    Holder,
+    HostLease,
+    LeaseHeld,
+    acquire,
+    cluster_leases,
+    held,
+    is_stale,
+    release,
+)
 from tests.conftest import free_port, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
 

@@ -25,9 +25,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from orchestrator.config import CONF_DIR
-from orchestrator.results import StressSummary
-from orchestrator.tracking import NOTE_TAG, ArmTracker, arms_view_url, end_study_run, start_study_run
+from orchestrator.config.load import CONF_DIR
+from orchestrator.tracking.layout import NOTE_TAG
+from orchestrator.tracking.write import ArmTracker, arms_view_url, end_study_run, start_study_run
+from orchestrator.workload.results import StressSummary
 from tests.conftest import free_port, job_and_plan, local_cluster_overrides, seed_mlflow_store
 
 # one worker runs the module (--dist loadgroup): one MLflow server and one Chromium for its tests

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.preflight import SGLANG_PARSER, check_arms, engine_env_names, run_probe, split_launch
+from orchestrator.config.schema import SERVER_ROLES
 from orchestrator.remote.local import LocalTransport
-from orchestrator.schema import SERVER_ROLES
+from orchestrator.run.preflight import SGLANG_PARSER, check_arms, engine_env_names, run_probe, split_launch
 from orchestrator.sim import envs as sim_envs
 from tests.conftest import REAL_SGLANG_VERSION, plan_of, preflight_only, typo_level, typo_refusal
 

@@ -9,14 +9,14 @@ import random
 import re
 from pathlib import Path
 
-from orchestrator.decode_load import parse_load
 from orchestrator.gpu.device_run import batches_by_start, render_section, starts_from_study_log
-from orchestrator.observe import parse_decode_log
+from orchestrator.run.observe import parse_decode_log
 from orchestrator.sim import engine as engine_module
 from orchestrator.sim.args import parse_args
 from orchestrator.sim.engine import DecodeEngine, SimCounters
 from orchestrator.sim.envs import effective_env
 from orchestrator.sim.faults import RoleConfig, load_fault_model
+from orchestrator.workload.decode_load import parse_load
 from tests.conftest import plan_of
 
 LINES = Path(__file__).parent / "real_sglang_lines"
@@ -104,7 +104,7 @@ def test_the_committed_report_is_what_its_own_mlflow_store_gives(tmp_path, monke
     import shutil
     import tarfile
 
-    from orchestrator.callbacks import build_report
+    from orchestrator.report.pipeline import build_report
 
     committed = Path(__file__).parent.parent / "reports" / "real_sglang"
     store = tmp_path / "reports" / "real_sglang"

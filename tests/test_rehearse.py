@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec
-from orchestrator.rehearse import ArmTruth, draw_counts, rehearse, study_arms, truth, wrong
+from orchestrator.study.rehearse import ArmTruth, draw_counts, rehearse, study_arms, truth, wrong
 from tests.conftest import report_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def test_command_line_interface_writes_the_documented_json(tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "orchestrator.rehearse",
+            "orchestrator.study.rehearse",
             "+experiment=dsv4_corruption",
             "rehearse.studies=40",
             "rehearse.seed=3",
@@ -257,7 +257,13 @@ def test_command_line_interface_writes_the_documented_json(tmp_path: Path):
 
 def test_unknown_option_is_refused():
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.rehearse", "+experiment=dsv4_corruption", "rehearse.sims=5"],
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.study.rehearse",
+            "+experiment=dsv4_corruption",
+            "rehearse.sims=5",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -267,7 +273,7 @@ def test_unknown_option_is_refused():
 
 
 def test_a_repetition_sweep_on_the_command_line_sets_the_runs_per_arm():
-    from orchestrator.rehearse import sweep_overrides
+    from orchestrator.study.rehearse import sweep_overrides
 
     plain, sweeps = sweep_overrides(
         ["+experiment=dsv4_corruption", "repetition=0,1,2,3", "workload.rounds=2"]

@@ -754,7 +754,7 @@ def test_an_arm_its_hosts_refuse_stops_nothing_and_starts_nothing(compose_cfg, s
     """One job on its own (no sweeper in front): a host check that refuses the arm comes before the
     co-restart, so whatever runs (here the sentinel in decode's pid file) is left alone."""
     from orchestrator.__main__ import run_job
-    from orchestrator.preflight import PreflightError
+    from orchestrator.run.preflight import PreflightError
 
     (tmp_path / "bad.yaml").write_text(BAD_FAULT_MODEL)
     cfg = compose_cfg(f"++deployment.roles.decode.env={{HEISENHUNT_SIM_FAULT_MODEL: '{tmp_path}/bad.yaml'}}")

@@ -14,10 +14,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis.result import StudyResult, from_json
-from orchestrator.callbacks import StudyCallback
-from orchestrator.report import dumps, launch_command, render_markdown
-from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
-from orchestrator.tracking import ArmTracker
+from orchestrator.report.pipeline import StudyCallback
+from orchestrator.report.render import dumps, launch_command, render_markdown
+from orchestrator.tracking.write import ArmTracker
+from orchestrator.workload.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 from tests.conftest import job_and_plan, seed_mlflow_store
 
 

@@ -1,6 +1,6 @@
 """A report never contradicts itself (orchestrator/report/check.py): the checker finds each kind of
 contradiction in a doctored report, and finds none in rehearsed studies of five shapes judged by the code
-that judges real runs (orchestrator/analysis/consistency.py; bench/report_check.py runs 2,000 of each)."""
+that judges real runs (orchestrator/report/consistency.py; bench/report_check.py runs 2,000 of each)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from orchestrator.analysis import verdict_groups
-from orchestrator.analysis.consistency import SHAPES, check_shape
 from orchestrator.analysis.result import to_json
 from orchestrator.report.check import disagreements
+from orchestrator.report.consistency import SHAPES, check_shape
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.analysis.consistency import SHAPES
 from orchestrator.analysis.result import ABSENT, ResultError, StudyResult, from_json, to_json
-from orchestrator.report import dumps, rebuild, render_markdown
+from orchestrator.report import rebuild
+from orchestrator.report.consistency import SHAPES
+from orchestrator.report.render import dumps, render_markdown
 
 ROOT = Path(__file__).parent.parent
 COMMITTED = sorted([*ROOT.glob("docs/examples/*/report.json"), *ROOT.glob("reports/*/report.json")])

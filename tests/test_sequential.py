@@ -12,13 +12,8 @@ import pytest
 
 from orchestrator import analysis
 from orchestrator.analysis import sequential
-from orchestrator.rehearse import (
-    ArmTruth,
-    rehearse_sequential,
-    sequential_study,
-    study_arms,
-)
-from orchestrator.schema import StoppingConf, StudyConf
+from orchestrator.config.schema import StoppingConf, StudyConf
+from orchestrator.study.rehearse import ArmTruth, rehearse_sequential, sequential_study, study_arms
 from tests.test_rehearse import SEED_STORY, SPEC
 
 

@@ -10,23 +10,18 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.callbacks import StudyCallback, open_parent_run
-from orchestrator.config import load_job
-from orchestrator.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
-from orchestrator.tracking import (
-    ARMS_VIEW,
+from orchestrator.config.load import load_job
+from orchestrator.report.pipeline import StudyCallback, open_parent_run
+from orchestrator.tracking.layout import ARMS_VIEW, PARENT_ENV, PARENT_FILE, VIEW_TAG
+from orchestrator.tracking.read import finished_runs, load_study, read_launch
+from orchestrator.tracking.write import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
-    PARENT_ENV,
-    PARENT_FILE,
-    VIEW_TAG,
     ArmTracker,
     artifact_location_for,
-    finished_runs,
-    load_study,
     parent_run_id,
-    read_launch,
 )
+from orchestrator.workload.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
 from tests.conftest import job_and_plan
 
 SECRET = "hf_s3cretvalue42"
@@ -401,7 +396,7 @@ def test_a_resumed_sweep_counts_the_earlier_finished_runs_it_skipped(cfg_for, tm
         if r.data.tags.get("arm") == "baseline"
     )
     second = _sweep(cfg_for, tmp_path, "second", [(off, 0, 60, 1)], "resume=true")
-    from orchestrator.tracking import record_planned
+    from orchestrator.tracking.write import record_planned
 
     record_planned(str(cfg_for().tracking.uri), second.run_id, [(base_signature, 0)])
     _, context, runs = load_study(str(cfg_for().tracking.uri), "quick")

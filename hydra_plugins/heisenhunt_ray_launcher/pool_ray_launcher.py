@@ -152,7 +152,7 @@ def _pool_job(sweep_config: DictConfig) -> Any:
     """The job's typed config when it runs on a cluster pool (None: no pool, nothing to recover)."""
     if sweep_config.get("cluster_pool") is None:
         return None
-    from orchestrator.config import load_job
+    from orchestrator.config.load import load_job
 
     return load_job(sweep_config)
 
@@ -161,7 +161,7 @@ def _lose(ref: Any, sweep_config: DictConfig, reason: str) -> str | None:
     """Declare the task's pool lease lost now and end its run FAILED; returns that run's id."""
     import ray
 
-    from orchestrator import pool
+    from orchestrator.run import pool
 
     job = _pool_job(sweep_config)
     if job is None:
@@ -179,6 +179,6 @@ def _lose(ref: Any, sweep_config: DictConfig, reason: str) -> str | None:
 def _clean_up(sweep_config: DictConfig) -> None:
     job = _pool_job(sweep_config)
     if job is not None:
-        from orchestrator import pool
+        from orchestrator.run import pool
 
         pool.clean_up_lost(job)

@@ -1,10 +1,10 @@
 """The study sweeper's own logic, pure: a job's checks, and problems collapsed across jobs. The designs
-(which jobs run, round by round) are orchestrator/designs.py, which the rehearsal drives too.
+(which jobs run, round by round) are orchestrator/study/designs.py, which the rehearsal drives too.
 
 A job is a list of `key=value` override strings.
 """
 
-from orchestrator.designs import key_of, value_of
+from orchestrator.study.designs import key_of, value_of
 
 JOB_SEP = "\x00"  # between a problem and the overrides of the job it was found in
 

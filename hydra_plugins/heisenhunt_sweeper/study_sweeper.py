@@ -1,4 +1,4 @@
-"""The study sweeper: Hydra's basic sweeper, driving the study designs of orchestrator/designs.py, with
+"""The study sweeper: Hydra's basic sweeper, driving the study designs of orchestrator/study/designs.py, with
 up-front validation.
 
 `design: factorial` is the basic sweeper's cartesian product. `design: ofat` is what a
@@ -37,8 +37,8 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     collapse,
     repetition_problems,
 )
-from orchestrator import designs
-from orchestrator.designs import job_repetition
+from orchestrator.study import designs
+from orchestrator.study.designs import job_repetition
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,13 @@ class StudySweeper(BasicSweeper):
         self._launched_jobs: set[tuple[str, ...]] = set()
 
     def sweep(self, arguments: "list[str]"):
-        from orchestrator.adhoc import study_overrides
-        from orchestrator.config import choices_of, sweep_study
+        from orchestrator.config.adhoc import study_overrides
+        from orchestrator.study.sweep import choices_of, sweep_study
 
         assert self.hydra_context is not None and self.config is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         cli_sweeps = any(o.is_sweep_override() for o in parser.parse_overrides(arguments))
-        # a command-line sweep of factors outside any study is a study of its own (see orchestrator.adhoc)
+        # a command-line sweep of factors outside any study is a study of its own (config/adhoc.py)
         self.study, adhoc = sweep_study(self.config, arguments)
         extra = study_overrides(self.study) if adhoc else []
         sweeper = {
@@ -126,7 +126,8 @@ class StudySweeper(BasicSweeper):
         """The study's runs so far, from the tracking store (an adaptive design's evidence)."""
         import os
 
-        from orchestrator.tracking import PARENT_ENV, load_study
+        from orchestrator.tracking.layout import PARENT_ENV
+        from orchestrator.tracking.read import load_study
 
         assert self.config is not None and self._design is not None
         if not (self._design.adaptive and os.environ.get(PARENT_ENV) and self._planned):
@@ -158,7 +159,8 @@ class StudySweeper(BasicSweeper):
         for note in nxt.notes:
             log.info("%s", note)
         if nxt.look is not None:
-            from orchestrator.tracking import PARENT_ENV, log_look
+            from orchestrator.tracking.layout import PARENT_ENV
+            from orchestrator.tracking.write import log_look
 
             if os.environ.get(PARENT_ENV):
                 log_look(uri, os.environ[PARENT_ENV], nxt.look)
@@ -185,10 +187,10 @@ class StudySweeper(BasicSweeper):
         before any job runs. A refused sweep ends its parent run FAILED with the reason."""
         # (Hydra's own check composes every job too: this one does that and more, so it replaces it)
         assert self.hydra_context is not None and self.config is not None
-        from orchestrator.checks import check_local_side
-        from orchestrator.config import ConfigError, jobs_on_pool, load_job
-        from orchestrator.plan import plan_arm
-        from orchestrator.preflight import check_sweep_on_hosts
+        from orchestrator.config.load import ConfigError, load_job
+        from orchestrator.config.plan import jobs_on_pool, plan_arm
+        from orchestrator.run.local_checks import check_local_side
+        from orchestrator.run.preflight import check_sweep_on_hosts
 
         problems: list[str] = []
         dry_run = bool(self.config.get("dry_run"))
@@ -221,7 +223,7 @@ class StudySweeper(BasicSweeper):
                 on_members += [(job_name, plan) for plan in found]
             problems += [f"{p}{JOB_SEP}{job_name}" for p in repetition_problems(overrides)]
         if not problems and dry_run:
-            from orchestrator.dryrun import arm_listing
+            from orchestrator.config.dryrun import arm_listing
 
             print(arm_listing(planned, self.study.baseline, self.study.name, self.design_run), flush=True)
             return
@@ -243,7 +245,7 @@ class StudySweeper(BasicSweeper):
             raise error
         # accepted: the study callback's parent run opens now (a refused sweep opens none), and keeps
         # what this batch plans
-        from orchestrator.callbacks import open_parent_run
+        from orchestrator.report.pipeline import open_parent_run
 
         open_parent_run()
         self._record_planned(planned, batch)
@@ -253,7 +255,8 @@ class StudySweeper(BasicSweeper):
         counts the earlier FINISHED runs of exactly these jobs."""
         import os
 
-        from orchestrator.tracking import PARENT_ENV, record_planned
+        from orchestrator.tracking.layout import PARENT_ENV
+        from orchestrator.tracking.write import record_planned
 
         run_id = os.environ.get(PARENT_ENV)
         if not run_id:
@@ -267,13 +270,13 @@ class StudySweeper(BasicSweeper):
     def _end_parent_refused(self, planned, reason: str) -> None:
         """The sweep's parent run, if an earlier batch opened it (a later round of a sequential or ddmin
         study), ends FAILED with the reason; a sweep refused at its first batch opened none."""
-        from orchestrator.callbacks import opened_parent_run
+        from orchestrator.report.pipeline import opened_parent_run
 
         run_id = opened_parent_run()
         if not run_id:
             return
-        from orchestrator.redact import redact_text
-        from orchestrator.tracking import end_run_refused  # MLflow: only where a run is to be ended
+        from orchestrator.config.redact import redact_text
+        from orchestrator.tracking.write import end_run_refused  # MLflow: only where a run is to be ended
 
         secrets = {name: value for _, plan in planned for name, value in plan.secrets.items()}
         assert self.config is not None

@@ -58,7 +58,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from orchestrator import decode_load
 from orchestrator.analysis import cause, clusters, ddmin, stats
 from orchestrator.analysis.result import StudyResult, from_json
 from orchestrator.analysis.runs import LevelSample, RunRecord, identity, run_used
@@ -69,12 +68,12 @@ from orchestrator.analysis.states import (
     ddmin_states,
     sequential_states,
 )
-from orchestrator.designs import for_report
-from orchestrator.plan import BASELINE_LABEL, arm_label
+from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 # the study as Hydra composes it and study.json stores it: one definition, in schema.py
-from orchestrator.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-exported for callers
-from orchestrator.schema import StudyConf as StudySpec
+from orchestrator.config.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-exported for callers
+from orchestrator.config.schema import StudyConf as StudySpec
+from orchestrator.workload import decode_load
 from orchestrator.workload.detect import DEFAULT_COUNTED, FAMILIES
 
 # report.json's layout version (orchestrator/report/report.schema.json); 2: one state per arm (arm_states,
@@ -695,11 +694,14 @@ def analyse(
     runs: Sequence[RunRecord],
     context: Mapping[str, Any] | None = None,
     conditions: Mapping[str, str] | None = None,
+    design: Any = None,
 ) -> StudyResult:
     """report.json's content, typed (`result.StudyResult`; `result.to_json` gives the JSON). `context`
     carries what the report quotes verbatim (parent run id, overrides); it must itself be deterministic.
     `conditions`: today's deployment and workload, which choose the baseline arm when runs of several are
-    given (default: the baseline with most sessions)."""
+    given (default: the baseline with most sessions). `design`: an adaptive design (`study.designs`),
+    whose own block (`report_block(runs)`) the report carries; `study.designs.analyse_study` passes the
+    one the context names."""
     runs = sorted(runs, key=lambda r: (r.signature, r.repetition, r.run_id))
     between = between_runs(runs, spec)
     arms = pool_arms(runs, spec, between)
@@ -711,7 +713,6 @@ def analyse(
     states = arm_states(scope, between.icc, spec.ceiling, policy)
     hyps = hypotheses(arms, spec, conditions, states)
     # an adaptive design's own block (designs.py): a sequential study's stopping trace, a ddmin search
-    design = for_report((context or {}).get("design"), spec)
     block = design.report_block(runs) if design else None
     stopping = block if design and design.name == "sequential" else None
     search = block if design and design.name == "ddmin" else None

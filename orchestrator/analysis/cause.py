@@ -44,7 +44,7 @@ from typing import Any
 
 from orchestrator.analysis import stats
 from orchestrator.analysis.states import STATES, ArmState, Item, StatePolicy, arm_states
-from orchestrator.schema import StudyConf
+from orchestrator.config.schema import StudyConf
 
 __all__ = ["STATES", "VERDICTS", "ArmState", "minimal_cause"]
 

@@ -42,17 +42,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.analysis import stats
-from orchestrator.plan import BASELINE_LABEL, arm_label
+from orchestrator.analysis.runs import placement_of  # noqa: F401 - where a run ran, read with its clusters
+from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 UNKNOWN = "unknown"
-# the run tags that say where a run ran (`RunRecord.placement`)
-PLACEMENT_TAGS = ("cluster", "cluster_pool", "cluster_pool.member")
-LEASE_PREFIX = "lease."
-
-
-def placement_of(tags: Mapping[str, str]) -> dict[str, str]:
-    """The tags of a run that say where it ran and its lease (what `RunRecord.placement` keeps)."""
-    return {k: v for k, v in sorted(tags.items()) if k in PLACEMENT_TAGS or k.startswith(LEASE_PREFIX)}
 
 
 def cluster_of(run: Any) -> str:

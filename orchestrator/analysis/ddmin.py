@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.analysis.sequential import Evidence, evidence, plug_in_icc
-from orchestrator.plan import BAD, GOOD, difference_label
+from orchestrator.config.plan import BAD, GOOD, difference_label
 
 CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
 

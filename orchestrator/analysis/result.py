@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from orchestrator.schema import StudyConf
+from orchestrator.config.schema import StudyConf
 
 
 class _Absent:

@@ -1,11 +1,12 @@
 """A study's runs as the analysis reads them (one `RunRecord` per MLflow child run), the arm a run
 belongs to (`identity`), and which runs an arm pools (`run_used`): the vocabulary the designs
-(orchestrator/designs.py), the rehearsal and the analysis share. See the package doc for the rules."""
+(orchestrator/study/designs.py), the rehearsal and the analysis share. See the package doc for the rules."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,3 +70,13 @@ def identity(run: RunRecord) -> str:
 def run_used(run: RunRecord) -> bool:
     """Whether a run's stress outcomes are pooled: FINISHED with complete outcomes (see the module doc)."""
     return run.status == "FINISHED" and run.outcomes == "complete"
+
+
+# the run tags that say where a run ran (`RunRecord.placement`)
+PLACEMENT_TAGS = ("cluster", "cluster_pool", "cluster_pool.member")
+LEASE_PREFIX = "lease."
+
+
+def placement_of(tags: Mapping[str, str]) -> dict[str, str]:
+    """The tags of a run that say where it ran and its lease (what `RunRecord.placement` keeps)."""
+    return {k: v for k, v in sorted(tags.items()) if k in PLACEMENT_TAGS or k.startswith(LEASE_PREFIX)}

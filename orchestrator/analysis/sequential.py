@@ -41,7 +41,7 @@ the comparisons the baseline at least half the ceiling (a baseline under it is n
 treatment within a factor RATIO_SPAN of it; for "reduction" and "under", half the weight on the treatment's
 rate being ~0 (GONE: the alternative that matters most, the change removed the bug). The price of
 validity at every look: a moderate effect needs about twice the sessions a single fixed-size test
-does (`python -m orchestrator.rehearse` shows it per design).
+does (`python -m orchestrator.study.rehearse` shows it per design).
 
 Verdicts, at each look, for a hypothesis not yet decided:
 - implicated: reduction and under; partial: reduction and over (corruption remains above the ceiling);
@@ -55,8 +55,9 @@ Verdicts, at each look, for a hypothesis not yet decided:
   restart-to-restart variation cannot be estimated, and the evidence would take it for none.
 
 rho is the study's plug-in estimate at each look (`analysis.between_runs`), as in the fixed design: the
-guarantee is exact for a known rho and approximate with an estimated one; `python -m orchestrator.rehearse
-... hydra.sweeper.design=sequential` measures the family-wise error with rho estimated as it is here.
+guarantee is exact for a known rho and approximate with an estimated one; `python -m
+orchestrator.study.rehearse ... hydra.sweeper.design=sequential` measures the family-wise error with rho
+estimated as it is here.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ import numpy as np
 from scipy.special import betaln
 
 from orchestrator.analysis.stats import study_icc
-from orchestrator.plan import BASELINE_LABEL, arm_label
+from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
 COMPARISONS = ("reduction", "increase", "equivalence")  # the claims closed testing runs across hypotheses

@@ -18,7 +18,7 @@ conjunction in 1.4% and 2.8% of 500 studies (restart ICC 0.02 and 0.1) and calle
 minimal cause's own, before) split ties and showed one arm at two confidences; any joint family costs
 a factor of m in the clean arms' confidence, and took the shipped dsv4 design (four starts) from the
 three fixes implicated in 98.6% of rehearsed studies to 74% (Hochberg's step-up) or 60% (Holm), and the
-GPU race's 0/120 arms from implicated to partial (orchestrator/analysis/consistency.py).
+GPU race's 0/120 arms from implicated to partial (orchestrator/report/consistency.py).
 
 A sequential study's anytime-valid decisions and a ddmin search's trials are their designs' own tests of
 the ceiling: the arms they decided take those verdicts (`sequential_states`, `ddmin_states`), still one

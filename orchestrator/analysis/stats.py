@@ -37,7 +37,7 @@ ones, D = 1 + (m - 1) rho (the design effect). Method, and why:
   (`effective_counts`), then the exact methods above run on the effective counts (Fisher, Holm,
   Newcombe). With D = 1 (no between-run variation seen) they are the exact independent-session
   methods (the exact fallback). phi is a plug-in estimate with few degrees of freedom, so the test is
-  only approximately valid; its family-wise error, measured by `python -m orchestrator.rehearse` on
+  only approximately valid; its family-wise error, measured by `python -m orchestrator.study.rehearse` on
   the dsv4 design (3% and 15%, rho 0 to 0.1), stays under alpha (Fisher's conservatism and Holm absorb
   the estimate's noise there); other designs can be rehearsed the same way.
 - **Rate of an arm** (and so the ceiling of "implicated"): `runs_interval`, the Clopper-Pearson

@@ -1,7 +1,7 @@
 """What a study run on a lent GPU machine brings back beside its report, as a section appended to it:
 the machine (GPU, driver, torch, the engine's version), each server start (seconds to healthy per role,
 from the study's own log), the decode's captured and eager batches per start (its real log, read by
-orchestrator.observe), the cost of each step of the run, and what was left running afterwards.
+orchestrator.run.observe), the cost of each step of the run, and what was left running afterwards.
 
     python -m orchestrator.gpu.device_run RESULTS --out reports/real_sglang [--note TEXT ...]
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.observe import parse_decode_log
+from orchestrator.run.observe import parse_decode_log
 
 # orchestrator.arm logs "arm <label>, repetition <r>, signature <sig>", then deploy.py its events
 ARM_LINE = re.compile(

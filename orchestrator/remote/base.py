@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.shell import command_line
+from orchestrator.config.shell import command_line
 
 
 class TransportError(RuntimeError):

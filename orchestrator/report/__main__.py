@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.callbacks import build_report
+from orchestrator.report.pipeline import build_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis import LevelSample, RunRecord, StudySpec, analyse
+from orchestrator.analysis import LevelSample, RunRecord, StudySpec
 from orchestrator.analysis.result import StudyResult
+from orchestrator.study.designs import analyse_study
 
 # sections other tools append to report.md, kept as they were
 APPENDED = ("## GPU decode",)
@@ -76,7 +77,7 @@ def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
 def rebuild(old: Path, out_dir: Path, plots: bool = True) -> tuple[StudyResult, list[Path]]:
     """Write `out_dir`/<study>/report.md and report.json from `old` judged by today's analysis; the typed
     result and the paths, report.md first."""
-    from orchestrator.report import write_report
+    from orchestrator.report.render import write_report
 
     report = json.loads(old.read_text())
     old_md = old.with_name("report.md")
@@ -84,7 +85,8 @@ def rebuild(old: Path, out_dir: Path, plots: bool = True) -> tuple[StudyResult, 
     kept = min((text.index(h) for h in APPENDED if h in text), default=None)
     spec = StudySpec.from_dict(report["study"])
     context = dict(report.get("context") or {})
-    fresh = analyse(spec, records_from_report(report), context, conditions=context.get("conditions") or None)
+    conditions = context.get("conditions") or None
+    fresh = analyse_study(spec, records_from_report(report), context, conditions)
     paths = write_report(fresh, out_dir, plots)
     if kept is not None:
         with paths[0].open("a") as fh:

@@ -69,7 +69,7 @@ from typing import Any
 import aiohttp
 import yarl
 
-from orchestrator.results import StreamedToolCall, StreamedTurn
+from orchestrator.workload.results import StreamedToolCall, StreamedTurn
 
 try:  # uvloop's event loop, for the sync entry points only (loop_factory)
     import uvloop as _uvloop

@@ -36,7 +36,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from orchestrator.results import StreamedToolCall, StreamedTurn
+from orchestrator.workload.results import StreamedToolCall, StreamedTurn
 from orchestrator.workload.tasks import TOOL_SCHEMAS, ToolCall
 
 

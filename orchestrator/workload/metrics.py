@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.results import LevelResult, Percentiles
+from orchestrator.workload.results import LevelResult, Percentiles
 
 NAN = float("nan")
 

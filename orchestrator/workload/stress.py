@@ -47,7 +47,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
 from orchestrator.workload.client import (
     RequestError,
     _dumps,
@@ -63,6 +62,7 @@ from orchestrator.workload.detect import (
     family_of,
     family_problems,
 )
+from orchestrator.workload.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
 from orchestrator.workload.tasks import (
     TOOL_CHOICES,
     TOOLS,

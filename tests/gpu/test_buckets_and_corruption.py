@@ -6,9 +6,9 @@ import pytest
 
 from orchestrator.gpu.buckets import bucket_for, capture_sizes
 from orchestrator.gpu.corruption import corrupt_from, run_on_name
-from orchestrator.results import StreamedToolCall, StreamedTurn
 from orchestrator.sim import agent
 from orchestrator.workload import detect, tasks
+from orchestrator.workload.results import StreamedToolCall, StreamedTurn
 
 
 def test_capture_sizes_follow_sglangs_list_up_to_the_max():

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from orchestrator import pool
-from orchestrator.config import ConfigError, jobs_on_pool, load_job
-from orchestrator.lease import Holder, HostLease, held
-from orchestrator.plan import plan_arm
+from orchestrator.config.load import ConfigError, load_job
+from orchestrator.config.plan import jobs_on_pool, plan_arm
+from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
-from orchestrator.schema import LeaseConf
+from orchestrator.run import pool
+from orchestrator.run.lease import Holder, HostLease, held
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import pool_overrides, seed_mlflow_store
 from tests.test_study import finish, no_servers_left

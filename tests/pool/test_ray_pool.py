@@ -23,9 +23,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from orchestrator.lease import Holder, HostLease, held
+from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
-from orchestrator.schema import LeaseConf
+from orchestrator.run.lease import Holder, HostLease, held
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import free_port, pool_overrides, seed_mlflow_store
 from tests.pool.ray_head import RAY_ENV, local_ray_head

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import SshServer
 
-from orchestrator.preflight import (
+from orchestrator.remote import LocalTransport, Transport, make_transport
+from orchestrator.run.preflight import (
     FlagError,
     PreflightError,
     flag_error_from_argparse,
@@ -23,7 +24,6 @@ from orchestrator.preflight import (
     split_launch,
     validate_sglang_flags,
 )
-from orchestrator.remote import LocalTransport, Transport, make_transport
 
 HOSTENV = str(Path(__file__).parent / "hostenv")
 SGLANG_0523 = "sglang_0_5_23_flags:add_cli_args"
@@ -112,7 +112,7 @@ def test_host_without_sglang_is_skipped_with_a_note(
 ) -> None:
     if sglang_version(host, sys.executable) is not None:
         pytest.skip("sglang is installed here")
-    with caplog.at_level(logging.INFO, logger="orchestrator.preflight"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.run.preflight"):
         validate_sglang_flags(host, sys.executable, [*LAUNCH, "--cuda-graph-max-bs", "32"])
     assert any(
         "not installed" in r.getMessage() and "not validated" in r.getMessage() for r in caplog.records
@@ -120,7 +120,7 @@ def test_host_without_sglang_is_skipped_with_a_note(
 
 
 def test_non_sglang_commands_are_not_validated(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="orchestrator.preflight"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.run.preflight"):
         validate_sglang_flags(
             LocalTransport(),
             "/no/such/python",

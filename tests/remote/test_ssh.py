@@ -390,7 +390,7 @@ def test_ssh_local_cluster_config_reaches_every_role(
 ) -> None:
     from hydra import compose, initialize_config_dir
 
-    from orchestrator.config import CONF_DIR, register_configs
+    from orchestrator.config.load import CONF_DIR, register_configs
 
     monkeypatch.setenv("HH_SSH_PORT", str(sshd.port))
     monkeypatch.setenv("HH_SSH_KEY_FILE", str(sshd.key_file))

@@ -2,7 +2,7 @@
 
 Slow: each study arm is a co-restarted deployment driven by 60 concurrent sessions x 4 rounds (time
 scale 0.05), averaged over repetitions; the throughput curve runs at time scale 0.5. The same starts
-check the rehearsal's model of an arm's rate (`python -m orchestrator.rehearse`: 1 - (1 - p)^rounds, p
+check the rehearsal's model of an arm's rate (`python -m orchestrator.study.rehearse`: 1 - (1 - p)^rounds, p
 the rule's per-turn probability at the workload's concurrency) against the sim.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from simkit import BASELINE, FIXED, MODEL, Arm, bench_level, count, run_sessions, sim_counters
 
-from orchestrator.rehearse import from_config
+from orchestrator.study.rehearse import from_config
 from orchestrator.workload.stress import StressSettings, run_stress_sync
 
 SESSIONS, ROUNDS = 60, 4

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from simkit import BASELINE, MODEL, sim_counters
 
-from orchestrator.decode_load import DecodeLoadMonitor
 from orchestrator.remote.local import LocalTransport
 from orchestrator.sim.launch import server_launch, wait_healthy
+from orchestrator.workload.decode_load import DecodeLoadMonitor
 from orchestrator.workload.stress import StressSettings, run_stress_sync
 from tests.conftest import free_port
 

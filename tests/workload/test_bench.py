@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.remote.local import LocalTransport
-from orchestrator.results import BenchResult
 from orchestrator.sim.launch import server_launch, wait_healthy
 from orchestrator.workload.bench import (
     BenchConfig,
@@ -33,6 +32,7 @@ from orchestrator.workload.bench import (
 )
 from orchestrator.workload.client import open_session
 from orchestrator.workload.metrics import RequestRecord, summarize_level
+from orchestrator.workload.results import BenchResult
 from tests.conftest import free_port
 
 # --- pure parts -------------------------------------------------------------------------------------

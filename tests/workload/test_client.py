@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from orchestrator.results import StreamedTurn
 from orchestrator.workload.client import (
     ERROR_KINDS,
     RequestError,
@@ -16,6 +15,7 @@ from orchestrator.workload.client import (
     open_session,
     stream_chat,
 )
+from orchestrator.workload.results import StreamedTurn
 from orchestrator.workload.tasks import TOOLS, initial_messages, make_task
 
 

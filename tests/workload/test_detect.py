@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.results import StreamedToolCall, StreamedTurn
 from orchestrator.workload import detect
 from orchestrator.workload.detect import DETECTORS, Finding, check_turn
+from orchestrator.workload.results import StreamedToolCall, StreamedTurn
 from orchestrator.workload.tasks import ToolCall, make_task
 
 READ = ToolCall("read_file", {"path": "src/scheduler.py"})

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from conftest import call_events, sse_reply
 
-from orchestrator.results import BadTurn, SessionOutcome, StreamedToolCall, StreamedTurn
 from orchestrator.workload import client, detect, stress, tasks
 from orchestrator.workload.client import RequestError, SSEParser, chat_payload, open_session, stream_chat
+from orchestrator.workload.results import BadTurn, SessionOutcome, StreamedToolCall, StreamedTurn
 from orchestrator.workload.tasks import TOOL_SCHEMAS, TOOLS, initial_messages, make_task
 
 # --- compiled schema checks vs jsonschema ---------------------------------------------------------------

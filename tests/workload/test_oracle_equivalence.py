@@ -39,9 +39,11 @@ def old_module(name: str) -> ModuleType:
             ["git", "-C", str(REPO), "show", f"{OLD_REV}:orchestrator/workload/{name}.py"],
             capture_output=True,
             check=True,
-        ).stdout
+        ).stdout.decode()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip(f"git revision {OLD_REV} is not available (a shallow clone?)")
+    # the shared dataclasses have moved since (orchestrator/results.py -> orchestrator/workload/results.py)
+    source = source.replace("orchestrator.results", "orchestrator.workload.results")
     module_name = f"_old_{name}_{OLD_REV}"
     spec = importlib.util.spec_from_loader(module_name, loader=None)
     assert spec is not None

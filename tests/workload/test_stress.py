@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.results import SessionOutcome, StressSummary
 from orchestrator.workload.detect import DETECTORS
+from orchestrator.workload.results import SessionOutcome, StressSummary
 from orchestrator.workload.stress import StressSettings, run_stress, run_stress_sync, summarize
 from orchestrator.workload.tasks import make_task
 
@@ -46,7 +46,7 @@ def settings(url: str, out: Path, **fields) -> StressSettings:
 
 
 def test_summarize_counts_by_status_and_detector():
-    from orchestrator.results import BadTurn
+    from orchestrator.workload.results import BadTurn
 
     outcomes = [
         SessionOutcome("a", "clean", 2, 2),

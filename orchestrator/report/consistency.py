@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import rehearse
-from orchestrator.analysis import analyse, ddmin
+from orchestrator.analysis import ddmin
 from orchestrator.analysis.result import StudyResult, to_json
-from orchestrator.plan import arm_label
-from orchestrator.rehearse import ArmTruth
+from orchestrator.config.plan import arm_label
+from orchestrator.config.schema import Hypothesis, StoppingConf, StudyConf
 from orchestrator.report.check import disagreements, schema_problems
-from orchestrator.schema import Hypothesis, StoppingConf, StudyConf
+from orchestrator.study import rehearse
+from orchestrator.study.designs import analyse_study
+from orchestrator.study.rehearse import ArmTruth
 
 DSV4_BASELINE = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}
 DSV4_FIXES = {"capture": "eager", "index_k": "fp8", "multi_stream": "off", "hicache": "off"}
@@ -48,7 +49,7 @@ def _truths(spec: StudyConf, rates: dict[str, float], icc: float) -> list[ArmTru
 def _fixed(spec: StudyConf, arms: list[ArmTruth], runs: int, sessions: int) -> Callable[[Any], StudyResult]:
     def one(rng: np.random.Generator) -> StudyResult:
         counts = rehearse.draw_counts(arms, runs, sessions, 1, rng)[0]
-        return analyse(spec, rehearse.study_runs(arms, counts, sessions), context={"design": "ofat"})
+        return analyse_study(spec, rehearse.study_runs(arms, counts, sessions), context={"design": "ofat"})
 
     return one
 
@@ -88,7 +89,7 @@ def factorial() -> tuple[StudyConf, Callable]:
 
     def one(rng: np.random.Generator) -> StudyResult:
         counts = rehearse.draw_counts(arms, 1, 200, 1, rng)[0]
-        return analyse(spec, rehearse.study_runs(arms, counts, 200), context={"design": "factorial"})
+        return analyse_study(spec, rehearse.study_runs(arms, counts, 200), context={"design": "factorial"})
 
     return spec, one
 
@@ -101,7 +102,7 @@ def sequential_dsv4() -> tuple[StudyConf, Callable]:
 
     def one(rng: np.random.Generator) -> StudyResult:
         runs = rehearse.sequential_study(spec, arms, 60, rng, kill_rate=0.05)
-        return analyse(spec, runs, context={"design": "sequential"})
+        return analyse_study(spec, runs, context={"design": "sequential"})
 
     return spec, one
 
@@ -123,7 +124,7 @@ def ddmin_search() -> tuple[StudyConf, Callable]:
 
     def one(rng: np.random.Generator) -> StudyResult:
         runs = rehearse.ddmin_study(spec, truth_of, 60, rng)
-        return analyse(spec, runs, context={"design": "ddmin"})
+        return analyse_study(spec, runs, context={"design": "ddmin"})
 
     return spec, one
 

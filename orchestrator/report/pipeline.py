@@ -2,7 +2,7 @@
 `build_report`, the pipeline from the tracking store to the report files (used at the end of a multirun
 and by `python -m orchestrator.report`).
 
-The callback turns Hydra's config into typed values (`config.load_job`) and hands them to tracking.py;
+The callback turns Hydra's config into typed values (`config.load.load_job`) and hands them to tracking;
 nothing past this module sees a DictConfig.
 """
 
@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config import ConfigError, load_job, sweep_design, sweep_study
-from orchestrator.plan import measurement_conditions, plan_arm
-from orchestrator.redact import redact_text
+from orchestrator.config.load import ConfigError, load_job
+from orchestrator.config.plan import measurement_conditions, plan_arm
+from orchestrator.config.redact import redact_text
+from orchestrator.study.sweep import sweep_design, sweep_study
 
 if TYPE_CHECKING:
     from orchestrator.analysis.result import StudyResult
@@ -29,20 +30,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _tracking():
-    """tracking.py, imported when first needed: MLflow takes seconds to import, a dry run needs none."""
-    from orchestrator import tracking
+def _write():
+    """MLflow's writer, imported when first needed: MLflow takes seconds to import, a dry run needs none."""
+    from orchestrator.tracking import write
 
-    return tracking
+    return write
 
 
 def study_result(tracking_uri: str, study: str, pool_sweeps: bool = False) -> StudyResult:
     """MLflow -> analysis: the study's typed result. The latest sweep's runs (and those it resumed) unless
     `pool_sweeps`; its measurement conditions pick today's arms."""
-    from orchestrator.analysis import analyse
+    from orchestrator.study.designs import analyse_study
+    from orchestrator.tracking.read import load_study
 
-    spec, context, runs = _tracking().load_study(tracking_uri, study, pool_sweeps)
-    return analyse(spec, runs, context, conditions=context.get("conditions") or None)
+    spec, context, runs = load_study(tracking_uri, study, pool_sweeps)
+    return analyse_study(spec, runs, context, conditions=context.get("conditions") or None)
 
 
 def build_report(
@@ -50,7 +52,7 @@ def build_report(
 ) -> tuple[StudyResult, list[Path]]:
     """MLflow -> analysis -> files: the typed result and the paths written, report.md first
     (`study_result` for which runs)."""
-    from orchestrator.report import write_report
+    from orchestrator.report.render import write_report
 
     result = study_result(tracking_uri, study, pool_sweeps)
     return result, write_report(result, out_dir, plots, tracking_uri)
@@ -113,7 +115,7 @@ class StudyCallback(Callback):
         return self._run_id
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from orchestrator.checks import check_local_side
+        from orchestrator.run.local_checks import check_local_side
 
         if config.get("dry_run") or config.get("preflight_only"):
             return  # a dry run or a preflight opens no run: it only prints or checks the arms
@@ -131,11 +133,11 @@ class StudyCallback(Callback):
         resume = bool(config.get("resume"))
 
         def open_run() -> str:
-            run_id = _tracking().start_study_run(
+            run_id = _write().start_study_run(
                 tracking_conf, study, sweep_dir, design, overrides, conditions=conditions, resume=resume
             )
-            self._saved_env = os.environ.get(_tracking().PARENT_ENV)
-            os.environ[_tracking().PARENT_ENV] = run_id
+            self._saved_env = os.environ.get(_write().PARENT_ENV)
+            os.environ[_write().PARENT_ENV] = run_id
             atexit.register(self._abandoned)
             log.info("MLflow: study %s, parent run %s (%s)", study.name, run_id, uri)
             return run_id
@@ -160,28 +162,28 @@ class StudyCallback(Callback):
             )
             headline = result.headline
             log.info("report: %s", paths[0])
-            log.info(_tracking().ui_hint(self._uri, self.study_name or str(config.study.name)))
+            log.info(_write().ui_hint(self._uri, self.study_name or str(config.study.name)))
         except Exception as e:
             log.exception("the report could not be built")
             failure = f"report: {type(e).__name__}: {e}"
         finally:
-            _tracking().end_study_run(self._uri, self._run_id, paths, failure, headline)
+            _write().end_study_run(self._uri, self._run_id, paths, failure, headline)
             self._ended = True
             self._restore_env()
             atexit.unregister(self._abandoned)
 
     def _restore_env(self) -> None:
         if self._saved_env is None:
-            os.environ.pop(_tracking().PARENT_ENV, None)
+            os.environ.pop(_write().PARENT_ENV, None)
         else:
-            os.environ[_tracking().PARENT_ENV] = self._saved_env
+            os.environ[_write().PARENT_ENV] = self._saved_env
 
     def _abandoned(self) -> None:
         """At exit without on_multirun_end (the sweep raised or was interrupted): end the parent KILLED."""
         if self._ended or self._run_id is None or self._uri is None:
             return
         try:
-            _tracking().end_run_abandoned(self._uri, self._run_id)
+            _write().end_run_abandoned(self._uri, self._run_id)
         except Exception:
             log.exception("could not mark parent run %s KILLED", self._run_id)
         self._ended = True
@@ -197,7 +199,7 @@ def _clean_up_pool(config: DictConfig) -> None:
 
         if not ray.is_initialized():
             return
-        from orchestrator.pool import clean_up_lost
+        from orchestrator.run.pool import clean_up_lost
 
         cleaned = clean_up_lost(load_job(config))
         if cleaned:

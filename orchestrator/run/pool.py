@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from orchestrator.schema import ClusterPoolConf, JobConf
+from orchestrator.config.schema import ClusterPoolConf, JobConf
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class HostLeases:
         self.taken: dict[str, tuple[list, Mapping[str, Any]]] = {}
 
     def try_take(self, member: str, holder: Any) -> bool:
-        from orchestrator import lease as host_lease
+        from orchestrator.run import lease as host_lease
 
         cluster = self.pool.clusters[member]
         hosts = _hosts(cluster)
@@ -332,7 +332,7 @@ class HostLeases:
 
     def give_back(self, member: str, holder: Any) -> None:
         """(After the arm gave them back itself, a no-op: a lease is released only by its holder.)"""
-        from orchestrator import lease as host_lease
+        from orchestrator.run import lease as host_lease
 
         leases, transports = self.taken.pop(member, ([], {}))
         host_lease.release(leases, holder)
@@ -351,7 +351,7 @@ class RayLessor:
     def acquire(self, holder: PoolHolder) -> Grant:
         import ray
 
-        from orchestrator.lease import Holder
+        from orchestrator.run.lease import Holder
 
         context = ray.get_runtime_context()
         holder = dataclasses.replace(holder, task_id=context.get_task_id())
@@ -394,7 +394,7 @@ class HostLeaseLessor:
         self.renew_every_s: float | None = None  # the arm's own host leases beat (lease.held)
 
     def acquire(self, holder: PoolHolder) -> Grant:
-        from orchestrator import lease as host_lease
+        from orchestrator.run import lease as host_lease
 
         conf = next(iter(self.pool.clusters.values())).lease
         lease_holder = host_lease.Holder.this_process(holder.label)
@@ -423,7 +423,7 @@ class HostLeaseLessor:
 
 
 def _hosts(cluster: Any) -> dict[str, Any]:
-    from orchestrator.schema import ROLES
+    from orchestrator.config.schema import ROLES
 
     return {role: getattr(cluster.hosts, role) for role in ROLES}
 
@@ -529,7 +529,7 @@ def held(lessor: Lessor, holder: PoolHolder, on_end: Callable[[Hold, float], Non
 
 def mark_lost_run(lost: LostLease, found_by: str) -> None:
     """The lost arm's MLflow run ends FAILED with the reason (if it is still RUNNING)."""
-    from orchestrator.tracking import end_lost_run
+    from orchestrator.tracking.write import end_lost_run
 
     run_id = lost.lease.holder.run_id
     if not run_id:
@@ -548,11 +548,10 @@ def mark_lost_run(lost: LostLease, found_by: str) -> None:
 def teardown_member(job: JobConf, member: str) -> list[str]:
     """Stop what a lost arm left running on a member, under that member's host leases (a study started by
     hand meanwhile keeps its servers). Returns the problems met."""
-    from orchestrator import lease as host_lease
-    from orchestrator.config import on_cluster
-    from orchestrator.deploy import Deployment
-    from orchestrator.plan import plan_arm
+    from orchestrator.config.plan import on_cluster, plan_arm
     from orchestrator.remote import close_all, make_transports
+    from orchestrator.run import lease as host_lease
+    from orchestrator.run.deploy import Deployment
 
     plan = plan_arm(on_cluster(job, member))
     transports = make_transports({role: rp.host for role, rp in plan.roles.items()})

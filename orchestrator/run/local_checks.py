@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from orchestrator.config import ConfigError
-from orchestrator.schema import TrackingConf
+from orchestrator.config.load import ConfigError
+from orchestrator.config.schema import TrackingConf
 
 
 def check_writable_dir(path: str | Path, key: str) -> None:

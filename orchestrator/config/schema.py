@@ -1,6 +1,6 @@
 """The typed values of a study: one dataclass per config node, and nothing else.
 
-Hydra composes the YAML under conf/ against these (config.py registers them in its ConfigStore, so a
+Hydra composes the YAML under conf/ against these (config/load.py registers them in its ConfigStore, so a
 misspelled key or a wrong type is refused at compose time), and `config.load_job` turns the composed
 config into these values, once. Everything downstream (the planner, the deployment, preflight, tracking,
 the analysis, the report) takes these values or the `ArmPlan` built from them, never a `DictConfig`.

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.plan import ArmPlan, arm_label
-from orchestrator.redact import redact_env, redact_text
-from orchestrator.schema import ROLES
-from orchestrator.shell import command_line
+from orchestrator.config.plan import ArmPlan, arm_label
+from orchestrator.config.redact import redact_env, redact_text
+from orchestrator.config.schema import ROLES
+from orchestrator.config.shell import command_line
 
 
 def arm_listing(

@@ -1,7 +1,7 @@
 """Rehearse a study design before spending GPU hours: run it thousands of times against a fault model, at
 the level of session outcomes, through the same analysis that judges real runs (`analysis.analyse`).
 
-    python -m orchestrator.rehearse +experiment=<study> [fault_model=PATH] [rehearse.studies=N]
+    python -m orchestrator.study.rehearse +experiment=<study> [fault_model=PATH] [rehearse.studies=N]
         [rehearse.seed=S] [rehearse.json=OUT] [rehearse.restart_icc=RHO] [rehearse.kill_rate=Q]
         [hydra.sweeper.design=sequential] [other Hydra overrides]
 
@@ -51,9 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator import analysis, designs
+from orchestrator import analysis
 from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, ddmin
 from orchestrator.analysis.result import StudyResult
+from orchestrator.study import designs
 
 DEFAULT_STUDIES = 2000
 DEFAULT_SEED = 0
@@ -214,7 +215,7 @@ def rehearsed_study(
 
 def judged(spec: StudySpec, design: designs.Design, runs: Sequence[RunRecord]) -> StudyResult:
     """A rehearsed study's report, by the analysis that judges real runs."""
-    return analysis.analyse(spec, runs, context={"design": design.name})
+    return designs.analyse_study(spec, runs, context={"design": design.name})
 
 
 def rehearse_design(
@@ -567,8 +568,8 @@ def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Jo
     repetition and the throughput sweep change no rate). Call it inside Hydra's `initialize_config_dir`."""
     from hydra import compose
 
-    from orchestrator.config import load_job
-    from orchestrator.plan import plan_arm
+    from orchestrator.config.load import load_job
+    from orchestrator.config.plan import plan_arm
     from orchestrator.sim.faults import session_rate
 
     memo: dict[tuple[str, ...], ArmTruth] = {}
@@ -601,7 +602,7 @@ ROLE_PAIR = ("prefill", "decode")
 
 def _role_configs(roles: Mapping[str, tuple[Mapping[str, str], Mapping[str, Any]]]):
     """The sim's view of a role: its env as parsed, its flags resolved by the sim's own argparse."""
-    from orchestrator.plan import flag_words
+    from orchestrator.config.plan import flag_words
     from orchestrator.sim.args import parse_args
     from orchestrator.sim.envs import effective_env
     from orchestrator.sim.faults import RoleConfig
@@ -658,8 +659,9 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from orchestrator.config import CONF_DIR, choices_of, with_good_baseline
+    from orchestrator.config.load import CONF_DIR, with_good_baseline
     from orchestrator.sim.faults import load_fault_model
+    from orchestrator.study.sweep import choices_of
 
     options, given = split_args(argv)
     overrides, sweeps = sweep_overrides(given)

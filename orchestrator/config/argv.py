@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from orchestrator.redact import is_secret_name
+from orchestrator.config.redact import is_secret_name
 
 FACTOR_GROUP = "factor/"
 
@@ -74,7 +74,7 @@ def command_line_problems(args: Sequence[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from orchestrator.catalog import discover_factor_levels
+    from orchestrator.config.catalog import discover_factor_levels
 
     words = [a for a in args if not a.startswith("-") and "=" in a]
     try:

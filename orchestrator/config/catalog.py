@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-SHIPPED_CONF = Path(__file__).resolve().parent / "conf"
+SHIPPED_CONF = Path(__file__).resolve().parents[1] / "conf"
 _HYDRA_LEVELS: dict[tuple[int, tuple[str, ...]], dict[str, list[str]]] = {}
 
 

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.base import Transport
 from orchestrator.remote.local import LocalTransport
-from orchestrator.schema import LeaseConf
 
 log = logging.getLogger(__name__)
 

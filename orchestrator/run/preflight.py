@@ -1,7 +1,7 @@
 """Preflight checks and provenance, per host, through its Transport (local or SSH).
 
 Before anything is restarted, each server host says what *its* engine makes of the arm, through one
-start of its own python (orchestrator/engine_probe.py), for every arm of a sweep at once:
+start of its own python (orchestrator/run/engine_probe.py), for every arm of a sweep at once:
 - every flag through the installed parser (sglang's `ServerArgs`, or a deployment's `flag_parser`): an
   unknown, ambiguous (0.5.23 refuses `--cuda-graph-max-bs`), abbreviated or invalid flag, or an unknown
   tool-call or reasoning parser name, is refused naming the flag and the config key that set it;
@@ -34,11 +34,11 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from orchestrator import engine_probe
-from orchestrator.plan import ArmPlan, RolePlan, config_key
-from orchestrator.redact import redact_text
+from orchestrator.config.plan import ArmPlan, RolePlan, config_key
+from orchestrator.config.redact import redact_text
+from orchestrator.config.schema import SERVER_ROLES
 from orchestrator.remote.base import Transport, TransportError
-from orchestrator.schema import SERVER_ROLES
+from orchestrator.run import engine_probe
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def engine_env_names(env: Mapping[str, str]) -> list[str]:
 def run_probe(
     t: Transport, python: str, request: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The engine probe's answer (orchestrator/engine_probe.py) from the host's `python`, with `env`."""
+    """The engine probe's answer (orchestrator/run/engine_probe.py) from the host's `python`, with `env`."""
     out = _run_python(t, python, _PROBE_SOURCE, [json.dumps(request)], env=env, timeout=300.0)
     try:
         return json.loads(out.strip().splitlines()[-1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.results import LogFacts
+from orchestrator.workload.results import LogFacts
 
 READY = re.compile(r"The server is fired up and ready to roll!")
 CAPTURE = re.compile(r"Capture (target decode CUDA graph|cuda graph) begin", re.IGNORECASE)

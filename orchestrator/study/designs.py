@@ -5,7 +5,7 @@ and a preflight checks), and what its report adds (`report_block`).
 Two drivers run every design with the same loop, and neither knows one design from another:
 - the study sweeper (hydra_plugins/heisenhunt_sweeper) launches a round's jobs through Hydra's launcher
   and reads their runs back from the tracking store;
-- the rehearsal (orchestrator/rehearse.py) draws each job's run from a fault model.
+- the rehearsal (orchestrator/study/rehearse.py) draws each job's run from a fault model.
 So what is rehearsed is what runs.
 
 | design     | rounds                                                                                |
@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Protocol
 
 from hydra.errors import HydraException
 
-from orchestrator.plan import BASELINE_LABEL, arm_label
+from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 # orchestrator.analysis (numpy, scipy) is imported where a round is chosen: Hydra imports the sweeper
 # plugin, and with it this module, at every start, a single run's too
@@ -356,6 +356,16 @@ def build(
         return Sequential(spec, arms, sessions, bench_on)
     expand = ofat_overrides(choices, spec.baseline) if name == "ofat" else factorial_overrides(choices)
     return Fixed(name, tuple(_job([*o, *extra], spec.baseline) for o in expand), batch_size)
+
+
+def analyse_study(
+    spec: Any, runs: Sequence[Any], context: Mapping[str, Any] | None = None, conditions: Any = None
+) -> Any:
+    """`analysis.analyse` under the design `context["design"]` names: with its own block in the report (a
+    sequential study's stopping trace, a ddmin search)."""
+    from orchestrator.analysis import analyse
+
+    return analyse(spec, runs, context, conditions, design=for_report((context or {}).get("design"), spec))
 
 
 def for_report(name: str | None, spec: Any) -> Design | None:

@@ -12,14 +12,15 @@ twice, or on another port, pools together.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.redact import is_secret_name
-from orchestrator.schema import (
+from orchestrator.config.redact import is_secret_name
+from orchestrator.config.schema import (
     ROLES,
     BenchConf,
     ClusterHosts,
@@ -329,3 +330,16 @@ def plan_arm(job: JobConf) -> ArmPlan:
         sources={factor_origin(sel): sel.source for sel in job.factors.values()},
         env_read_by={name: note for sel in job.factors.values() for name, note in sel.value.read_by.items()},
     )
+
+
+def on_cluster(job: JobConf, member: str) -> JobConf:
+    """The job as it runs on one member of its pool."""
+    assert job.cluster_pool is not None
+    return dataclasses.replace(job, cluster=job.cluster_pool.clusters[member])
+
+
+def jobs_on_pool(job: JobConf) -> list[JobConf]:
+    """The job on each cluster it may run on: its pool's members, or its one cluster."""
+    if job.cluster_pool is None:
+        return [job]
+    return [on_cluster(job, member) for member in job.cluster_pool.clusters]

@@ -24,10 +24,10 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.plan import ArmPlan, RolePlan, server_url
-from orchestrator.redact import redact_text
+from orchestrator.config.plan import ArmPlan, RolePlan, server_url
+from orchestrator.config.redact import redact_text
+from orchestrator.config.schema import ROLES, SERVER_ROLES
 from orchestrator.remote.base import Transport
-from orchestrator.schema import ROLES, SERVER_ROLES
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from orchestrator.schema import Hypothesis, StudyConf
+from orchestrator.config.schema import Hypothesis, StudyConf
 
 FACTOR_PREFIX = "factor/"
 
