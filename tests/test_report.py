@@ -489,10 +489,10 @@ def test_report_cli_names_a_missing_study(tmp_path):
 
 HYDRA_APP = """
 import hydra
-from orchestrator.config import CONF_DIR, load_job
-from orchestrator.plan import plan_arm
-from orchestrator.results import StressSummary
-from orchestrator.tracking import ArmTracker, parent_run_id
+from orchestrator.config.load import CONF_DIR, load_job
+from orchestrator.config.plan import plan_arm
+from orchestrator.workload.results import StressSummary
+from orchestrator.tracking.write import ArmTracker, parent_run_id
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
