@@ -145,10 +145,20 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
 
 def cli() -> None:
-    """The command: its own checks of the command line, then the Hydra app; an interrupt ends with one
-    line saying what was kept, not a traceback."""
+    """The command: its own help page and checks of the command line, then the Hydra app; an interrupt
+    ends with one line saying what was kept, not a traceback."""
     from orchestrator.config.argv import command_line_problems
 
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        # Our page, not Hydra's, printed before Hydra starts: a `hydra/help` template is static text (its
+        # $APP_CONFIG_GROUPS lists the schema_* nodes and no study descriptions), and one built at import
+        # would read every experiment on each start of every job. Here it costs nothing elsewhere, follows
+        # the command line's hydra.searchpath, and works when the config would not compose;
+        # `--hydra-help` still reaches Hydra.
+        from orchestrator.config.help import command_help
+
+        print(command_help(sys.argv[1:]))
+        return
     problems = command_line_problems(sys.argv[1:])
     if problems:
         print("invalid command line:\n  - " + "\n  - ".join(problems), file=sys.stderr)

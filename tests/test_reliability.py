@@ -513,8 +513,10 @@ BAD_INPUTS = {
         ("+factor/warp=fast", "{searchpath}"),
         ("factor/warp/fast.yaml", "level: 'quick' differs from the file name 'fast'", "accepted: 'fast'"),
     ),
+    # also checked on the command line (Hydra's own message dumps its search path and exits 1)
     "unknown level": BadInput(
-        ("factor/multi_stream=maybe",), ("factor/multi_stream/maybe", "Available options", "off")
+        ("factor/multi_stream=maybe",),
+        ("factor/multi_stream: unknown level 'maybe'; accepted levels: [off, on]",),
     ),
     "experiment file not YAML": BadInput(
         ("+experiment=broken_yaml", "{searchpath}"), ("experiment/broken_yaml.yaml", "line 1")

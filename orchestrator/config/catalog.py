@@ -1,5 +1,6 @@
-"""The factors that exist: every `factor/<name>/<level>` on the config search path (reads Hydra's state
-and the disk; used for messages and validation, never by the planner).
+"""The factors that exist: every `factor/<name>/<level>` on the config search path, and the options of
+the other config groups (`experiment`, `cluster`, ...) (reads Hydra's state and the disk; used for the
+help page, messages and validation, never by the planner).
 
 The shipped conf/ is always on the path; a job adds user folders with `hydra.searchpath=[file:///dir]`
 or `pkg://package`.
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SHIPPED_CONF = Path(__file__).resolve().parents[1] / "conf"
+PRIMARY_CONFIG = SHIPPED_CONF / "config.yaml"
 _HYDRA_LEVELS: dict[tuple[int, tuple[str, ...]], dict[str, list[str]]] = {}
 
 
@@ -58,6 +60,35 @@ def search_roots(searchpath: Sequence[str] = ()) -> list[Path]:
             if spec is not None and spec.submodule_search_locations:
                 roots += [Path(p) for p in spec.submodule_search_locations]
     return [root for root in roots if root.is_dir()]
+
+
+def primary_searchpath() -> list[str]:
+    """The primary config's own `hydra.searchpath` (pkg://orchestrator.studies: the shipped experiments)."""
+    from omegaconf import OmegaConf
+
+    return [str(p) for p in OmegaConf.select(OmegaConf.load(PRIMARY_CONFIG), "hydra.searchpath") or []]
+
+
+def effective_searchpath(command_line: Sequence[str] | None) -> list[str]:
+    """The search path entries a job composes with: as in Hydra, a `hydra.searchpath` given on the command
+    line replaces the primary config's (it is not appended to it)."""
+    return list(command_line) if command_line is not None else primary_searchpath()
+
+
+def group_exists(group: str, searchpath: Sequence[str] = ()) -> bool:
+    """Whether a config group (`cluster`, `factor/capture`, `experiment`) is a folder on the search path."""
+    return any((root / group).is_dir() for root in search_roots(searchpath))
+
+
+def option_files(group: str, searchpath: Sequence[str] = ()) -> dict[str, Path]:
+    """{option: its YAML file} of a config group over the search path, sorted; the first match wins, as
+    in Hydra. (Files only: the schemas Hydra also lists, `schema_*`, are not options to pick.)"""
+    found: dict[str, Path] = {}
+    for root in search_roots(searchpath):
+        folder = root / group
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
 
 
 def level_source(factor: str, option: str, searchpath: Sequence[str] = ()) -> str:
