@@ -62,6 +62,7 @@ from orchestrator.workload.detect import (
     family_of,
     family_problems,
 )
+from orchestrator.workload.fill import fill
 from orchestrator.workload.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
 from orchestrator.workload.tasks import (
     TOOL_CHOICES,
@@ -583,25 +584,19 @@ def format_summary(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _settings_from(args: argparse.Namespace) -> StressSettings:
-    return StressSettings(
-        url=args.url,
-        out_dir=Path(args.out),
-        sessions=args.sessions,
-        rounds=args.rounds,
-        concurrency=args.concurrency,
-        seed=args.seed,
-        model=args.model,
-        timeout_s=args.timeout,
-        count=tuple(f.strip() for f in args.count.split(",") if f.strip()),
-        tool_choice=args.tool_choice,
-        keep_transcripts=args.keep_transcripts,
-        max_tokens=args.max_tokens,
-        progress=False if args.quiet else None,
-    )
+def stress_settings(source: object, **given: Any) -> StressSettings:
+    """The one mapping to StressSettings (fill.py): every field from `source` by name (a job's
+    `workload` section, or the CLI's arguments), but those `given` (what the caller computes: url,
+    out_dir, ...)."""
+    return fill(StressSettings, source, **given)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _families(text: str) -> tuple[str, ...]:
+    return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The CLI; each dest is the StressSettings field it sets (the flags stay as they were)."""
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.workload.stress",
         description="Tool-calling stress reproducer against an OpenAI-compatible endpoint.",
@@ -610,15 +605,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--sessions", type=int, default=defaults.sessions)
     parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", dest="out_dir", required=True, help="output directory")
     parser.add_argument("--model", default=defaults.model)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: all)")
-    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds per turn")
+    parser.add_argument(
+        "--timeout", dest="timeout_s", type=float, default=defaults.timeout_s, help="seconds per turn"
+    )
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument(
         "--count",
-        default=",".join(DEFAULT_COUNTED),
+        type=_families,
+        default=DEFAULT_COUNTED,
         help=f"detector families that count as corruption, comma-separated from {','.join(FAMILIES)}; "
         "the others are reported beside (default: all)",
     )
@@ -631,11 +629,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-transcripts", action="store_true", help="write transcripts/<session>.json for every session"
     )
-    parser.add_argument("--quiet", action="store_true", help="no live progress")
+    # progress None: shown exactly when stderr is a terminal
+    parser.add_argument(
+        "--quiet", dest="progress", action="store_const", const=False, default=None, help="no live progress"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        settings = _settings_from(args)
+        settings = stress_settings(args)
     except ValueError as e:
         parser.error(str(e))
     interrupted = False
