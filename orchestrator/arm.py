@@ -28,7 +28,7 @@ from orchestrator.config.schema import SERVER_ROLES, JobConf, LeaseConf
 from orchestrator.remote import close_all
 from orchestrator.remote.base import Transport
 from orchestrator.run.deploy import DeployError, Deployment, http_get
-from orchestrator.run.lease import Holder, LeaseHeld, cluster_leases, held
+from orchestrator.run.lease import Holder, LeaseHeld, cluster_leases, hosts_held
 from orchestrator.run.observe import parse_decode_log
 from orchestrator.run.preflight import (
     Expected,
@@ -297,7 +297,9 @@ def run_arm(
         )
         work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
         try:
-            teardown.enter_context(held(cluster_leases(transports, work_dirs), holder, start.lease, on_event))
+            teardown.enter_context(
+                hosts_held(cluster_leases(transports, work_dirs), holder, start.lease, on_event)
+            )
         except LeaseHeld as e:
             tracker.fail(str(e))
             raise
