@@ -46,10 +46,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.workload.client import RequestError, chat_payload, open_session, stream_chat
+from orchestrator.workload.client import chat_payload, open_session, stream_chat
 from orchestrator.workload.fill import fill
 from orchestrator.workload.metrics import AuditThresholds, RequestRecord, summarize_level
 from orchestrator.workload.results import BenchResult, LevelResult, Percentiles
+from orchestrator.workload.wire import RequestError
 
 log = logging.getLogger(__name__)
 

@@ -47,13 +47,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.workload.client import (
-    RequestError,
-    _dumps,
-    open_session,
-    run_sync,
-    stream_body,
-)
+from orchestrator.workload.client import open_session, run_sync, stream_body
 from orchestrator.workload.detect import (
     DEFAULT_COUNTED,
     FAMILIES,
@@ -73,6 +67,7 @@ from orchestrator.workload.tasks import (
     tool_choice_for,
     tool_result,
 )
+from orchestrator.workload.wire import RequestError, dumps
 
 log = logging.getLogger(__name__)
 
@@ -256,14 +251,14 @@ class RequestBody:
     `chat_payload(model, messages, TOOLS, max_tokens=..., temperature=0.0, tool_choice=...)`."""
 
     def __init__(self, settings: StressSettings, messages: list[dict[str, Any]]):
-        self._head = b'{"model":' + _dumps(settings.model) + b',"messages":['
+        self._head = b'{"model":' + dumps(settings.model) + b',"messages":['
         options = (
             b'],"stream":true,"stream_options":{"include_usage":true},"max_tokens":'
-            + _dumps(settings.max_tokens)
+            + dumps(settings.max_tokens)
             + b',"temperature":'
-            + _dumps(0.0)
+            + dumps(0.0)
         )
-        self._tail = options + (b',"tools":' + _dumps(TOOLS) + b',"tool_choice":' if TOOLS else b"")
+        self._tail = options + (b',"tools":' + dumps(TOOLS) + b',"tool_choice":' if TOOLS else b"")
         self._sent = bytearray()  # the messages serialised so far, comma-separated
         self._pending = list(messages)  # added since: serialised when the next body is built
 
@@ -274,9 +269,9 @@ class RequestBody:
         for message in self._pending:
             if self._sent:
                 self._sent += b","
-            self._sent += _dumps(message)
+            self._sent += dumps(message)
         self._pending.clear()
-        end = _dumps(tool_choice) + b"}" if TOOLS else b"}"
+        end = dumps(tool_choice) + b"}" if TOOLS else b"}"
         return b"".join((self._head, self._sent, self._tail, end))
 
 
