@@ -81,7 +81,10 @@ async def record_turn(url: str) -> bytes:
 def child_replay(raw: bytes, seconds: float) -> dict:
     """Turns/s of SSE parsing + oracle on one core, fed one event per piece (as servers send them) and
     in 64-byte pieces (a pessimistic chunking)."""
-    from orchestrator.workload.client import SSEParser
+    try:  # this tree: the parser has a module of its own
+        from orchestrator.workload.sse import SSEParser
+    except ImportError:  # an older revision's client.py holds it
+        from orchestrator.workload.client import SSEParser
     from orchestrator.workload.detect import check_turn
     from orchestrator.workload.tasks import make_task
 

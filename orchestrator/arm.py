@@ -28,7 +28,7 @@ from orchestrator.config.schema import SERVER_ROLES, JobConf, LeaseConf
 from orchestrator.remote import close_all
 from orchestrator.remote.base import Transport
 from orchestrator.run.deploy import DeployError, Deployment, http_get
-from orchestrator.run.lease import Holder, LeaseHeld, cluster_leases, held
+from orchestrator.run.lease import Holder, LeaseHeld, cluster_leases, hosts_held
 from orchestrator.run.observe import parse_decode_log
 from orchestrator.run.preflight import (
     Expected,
@@ -131,24 +131,21 @@ class StressThenBench:
     repetition: int = 0
 
     def measure(self, plan: ArmPlan, deployment: Deployment, tracker: Tracker, out_dir: Path) -> None:
-        from orchestrator.workload.bench import BenchConfig, run_bench_sync
-        from orchestrator.workload.stress import StressSettings, run_stress_sync, summarize_jsonl
+        from orchestrator.workload.bench import bench_config, run_bench_sync
+        from orchestrator.workload.stress import run_stress_sync, stress_settings, summarize_jsonl
 
         stress_dir = out_dir / "stress"
         w = plan.workload
         monitor = decode_load_monitor(plan)  # the decode's load while the sessions run
         try:
-            settings = StressSettings(
+            # the rest of the workload section flows through by field name
+            settings = stress_settings(
+                w,
                 url=plan.router_url,
-                sessions=w.sessions,
-                rounds=w.rounds,
+                out_dir=stress_dir,
+                model=plan.served_model,
                 concurrency=w.concurrency or None,
                 seed=w.seed + self.repetition * REPETITION_SEED_STRIDE,
-                model=plan.served_model,
-                timeout_s=w.timeout_s,
-                out_dir=stress_dir,
-                count=tuple(w.count),
-                tool_choice=w.tool_choice,
             )
             summary = run_stress_sync(
                 settings,
@@ -169,15 +166,9 @@ class StressThenBench:
         if carries_bench(plan, self.repetition):
             b = plan.bench
             bench_dir = out_dir / "bench"
-            config = BenchConfig(
-                url=plan.router_url,
-                concurrency_levels=tuple(b.concurrency),
-                requests_per_worker=b.requests_per_worker,
-                input_len=b.input_len,
-                output_len=b.output_len,
-                model=plan.served_model,
-                warmup_requests=b.warmup_requests,
-                timeout_s=b.timeout_s,
+            # the rest of the bench section flows through by field name
+            config = bench_config(
+                b, url=plan.router_url, model=plan.served_model, concurrency_levels=b.concurrency
             )
             result = run_bench_sync(config, out_dir=bench_dir)
             tracker.log_bench(result, bench_dir)
@@ -306,7 +297,9 @@ def run_arm(
         )
         work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
         try:
-            teardown.enter_context(held(cluster_leases(transports, work_dirs), holder, start.lease, on_event))
+            teardown.enter_context(
+                hosts_held(cluster_leases(transports, work_dirs), holder, start.lease, on_event)
+            )
         except LeaseHeld as e:
             tracker.fail(str(e))
             raise

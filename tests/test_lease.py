@@ -21,7 +21,7 @@ from orchestrator.run.lease import (
     LeaseHeld,
     acquire,
     cluster_leases,
-    held,
+    hosts_held,
     is_stale,
     release,
 )
@@ -109,7 +109,7 @@ def test_the_holder_keeps_its_lease_alive_and_gives_it_back(tmp_path):
     lease = HostLease(LocalTransport(), str(tmp_path / "decode"))
     holder = _holder("holder")
     beat = tmp_path / "decode" / "lease" / "heartbeat"
-    with held([lease], holder, QUICK):
+    with hosts_held([lease], holder, QUICK):
         old = time.time() - 120
         os.utime(beat, (old, old))
         deadline = time.monotonic() + 5

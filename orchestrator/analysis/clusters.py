@@ -152,7 +152,7 @@ def leases(runs: Sequence[Any], baseline: Mapping[str, str]) -> list[dict[str, A
             else:
                 open_runs += 1
         busy = _union_s(closed)
-        held = sum((hi - lo).total_seconds() for lo, hi in closed)
+        leased_s = sum((hi - lo).total_seconds() for lo, hi in closed)  # overlaps counted twice
         first, last = (min(starts) if starts else None), (max(ends) if ends else None)
         span = (last - first).total_seconds() if first and last and last >= first else None
         out.append(
@@ -176,7 +176,7 @@ def leases(runs: Sequence[Any], baseline: Mapping[str, str]) -> list[dict[str, A
                 "busy_s": round(busy, 6),
                 "span_s": round(span, 6) if span is not None else None,
                 "busy_fraction": round(busy / span, 6) if span else None,
-                "overlap_s": round(held - busy, 6),
+                "overlap_s": round(leased_s - busy, 6),
                 "open": open_runs,
             }
         )

@@ -267,26 +267,45 @@ def release(leases: Sequence[HostLease], holder: Holder) -> None:
 
 
 @contextmanager
-def held(
-    leases: Sequence[HostLease], holder: Holder, conf: LeaseConf, on_wait: Callable[[str], None] = log.warning
-) -> Iterator[None]:
-    """Hold the cluster for the block: acquired, kept alive by a heartbeat thread, released at the end."""
-    acquire(leases, holder, conf, on_wait)
+def renewing(every_s: float | None, renew: Callable[[], None], name: str) -> Iterator[None]:
+    """Call `renew` every `every_s` seconds on a daemon thread while the block runs (None: never);
+    the thread is stopped and joined before the block's exit goes on. How whatever is held for a block
+    stays alive: the host leases' heartbeat here, a pool member's renewal (pool.held). `renew` handles
+    its own failures: a missed beat is retried at the next one."""
+    if every_s is None:
+        yield
+        return
     stop = threading.Event()
 
-    def beat() -> None:
-        while not stop.wait(conf.heartbeat_s):
-            for lease in leases:
-                try:
-                    lease.heartbeat(holder)
-                except Exception as e:  # a missed beat is retried; only a long outage makes the lease stale
-                    log.warning("lease heartbeat on %s failed: %s", lease.where, e)
+    def loop() -> None:
+        while not stop.wait(every_s):
+            renew()
 
-    thread = threading.Thread(target=beat, name="lease-heartbeat", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+@contextmanager
+def hosts_held(
+    leases: Sequence[HostLease], holder: Holder, conf: LeaseConf, on_wait: Callable[[str], None] = log.warning
+) -> Iterator[None]:
+    """Hold the cluster's hosts for the block: acquired, kept alive by a heartbeat, released at the end."""
+    acquire(leases, holder, conf, on_wait)
+
+    def beat() -> None:
+        for lease in leases:
+            try:
+                lease.heartbeat(holder)
+            except Exception as e:  # a missed beat is retried; only a long outage makes the lease stale
+                log.warning("lease heartbeat on %s failed: %s", lease.where, e)
+
+    try:
+        with renewing(conf.heartbeat_s, beat, "lease-heartbeat"):
+            yield
+    finally:
         release(leases, holder)

@@ -29,9 +29,6 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from orchestrator.config.schema import ClusterPoolConf, JobConf
+from orchestrator.run import lease as host_lease
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +51,25 @@ BY_RAY, BY_HOST_LEASES = "ray", "host leases"
 
 @dataclass(frozen=True)
 class PoolHolder:
-    """Who holds a member: for people (label), for recovery (its run, where it is recorded) and for Ray
-    (its task, to be told apart when the launcher sees that task fail)."""
+    """Who holds a member: the process that takes the member's host leases (`host_holder`, the one
+    holder type of lease.py: its label, machine and pid), and what the pool adds for recovery (its run,
+    where it is recorded) and for Ray (its task, to be told apart when the launcher sees that task fail)."""
 
     label: str
     study: str
     tracking_uri: str
-    hostname: str = field(default_factory=socket.gethostname)
-    pid: int = field(default_factory=os.getpid)
     task_id: str | None = None
     run_id: str | None = None
+    host_holder: host_lease.Holder | None = None  # None: this process, under `label`
+
+    def __post_init__(self) -> None:
+        if self.host_holder is None:
+            object.__setattr__(self, "host_holder", host_lease.Holder.this_process(self.label))
 
     def describe(self) -> str:
-        where = f"pid {self.pid} on {self.hostname}" + (
+        who = self.host_holder
+        assert who is not None  # filled in at construction
+        where = f"pid {who.pid} on {who.hostname}" + (
             f", Ray task {self.task_id[:12]}" if self.task_id else ""
         )
         return f"{self.label} ({where})"
@@ -96,12 +100,15 @@ class Grant:
     lease: PoolLease
     lost: LostLease | None = None
     by: str = BY_RAY
-    # outside Ray: the lease.py holder that took the member's host leases (the arm re-enters them)
-    host_holder: Any = None
 
     @property
     def member(self) -> str:
         return self.lease.member
+
+    @property
+    def host_holder(self) -> host_lease.Holder | None:
+        """The lease.py holder that took the member's host leases (the arm holds them under it)."""
+        return self.lease.holder.host_holder
 
 
 @dataclass
@@ -317,9 +324,7 @@ class HostLeases:
         self.close_all = close_all
         self.taken: dict[str, tuple[list, Mapping[str, Any]]] = {}
 
-    def try_take(self, member: str, holder: Any) -> bool:
-        from orchestrator.run import lease as host_lease
-
+    def try_take(self, member: str, holder: host_lease.Holder) -> bool:
         cluster = self.pool.clusters[member]
         hosts = _hosts(cluster)
         transports = self.make_transports(hosts)
@@ -330,10 +335,8 @@ class HostLeases:
         self.taken[member] = (leases, transports)
         return True
 
-    def give_back(self, member: str, holder: Any) -> None:
+    def give_back(self, member: str, holder: host_lease.Holder) -> None:
         """(After the arm gave them back itself, a no-op: a lease is released only by its holder.)"""
-        from orchestrator.run import lease as host_lease
-
         leases, transports = self.taken.pop(member, ([], {}))
         host_lease.release(leases, holder)
         self.close_all(transports)
@@ -351,15 +354,12 @@ class RayLessor:
     def acquire(self, holder: PoolHolder) -> Grant:
         import ray
 
-        from orchestrator.run.lease import Holder
-
         context = ray.get_runtime_context()
         holder = dataclasses.replace(holder, task_id=context.get_task_id())
-        lease_holder = Holder.this_process(holder.label)
         while True:
             grant = ray.get(self.actor.acquire.remote(holder))
-            if self.hosts.try_take(grant.member, lease_holder):
-                return dataclasses.replace(grant, host_holder=lease_holder)
+            if self.hosts.try_take(grant.member, grant.host_holder):
+                return grant
             wait_s = 5 * self.hosts.pool.clusters[grant.member].lease.poll_s
             log.warning(
                 "cluster pool: %s is held outside the pool (a study started by hand on its hosts?); set "
@@ -391,20 +391,18 @@ class HostLeaseLessor:
     def __init__(self, pool: ClusterPoolConf, hosts: HostLeases):
         self.pool = pool
         self.hosts = hosts
-        self.renew_every_s: float | None = None  # the arm's own host leases beat (lease.held)
+        self.renew_every_s: float | None = None  # the arm's own host leases beat (lease.hosts_held)
 
     def acquire(self, holder: PoolHolder) -> Grant:
-        from orchestrator.run import lease as host_lease
-
         conf = next(iter(self.pool.clusters.values())).lease
-        lease_holder = host_lease.Holder.this_process(holder.label)
+        lease_holder = holder.host_holder
         start, said = time.monotonic(), -1e9
         while True:
             for member in self.pool.clusters:
                 if self.hosts.try_take(member, lease_holder):
                     now = time.time()
                     lease = PoolLease(member, lease_holder.id, holder, now, now)
-                    return Grant(lease=lease, by=BY_HOST_LEASES, host_holder=lease_holder)
+                    return Grant(lease=lease, by=BY_HOST_LEASES)
             waited = time.monotonic() - start
             if waited >= conf.wait_s:
                 raise host_lease.LeaseHeld(f"every cluster of pool {self.pool.name}", None, waited)
@@ -485,33 +483,25 @@ class Hold:
 
 @contextmanager
 def held(lessor: Lessor, holder: PoolHolder, on_end: Callable[[Hold, float], None]) -> Iterator[Hold]:
-    """A member for the block: taken, renewed by a thread while the block runs, given back at the end,
-    then `on_end(hold, end_time)`."""
+    """A member for the block: taken, renewed while the block runs (lease.renewing), given back at the
+    end, then `on_end(hold, end_time)`."""
     hold = Hold(lessor.acquire(holder), lessor)
     log.info("cluster pool: %s leased to this arm (by %s)", hold.member, hold.grant.by)
-    stop = threading.Event()
 
-    def beat() -> None:
-        assert lessor.renew_every_s is not None
-        while not stop.wait(lessor.renew_every_s):
-            try:
-                if not lessor.renew(hold.grant, hold.run_id):
-                    log.error(
-                        "the lease on %s was declared lost while this arm ran: a later arm may restart it",
-                        hold.member,
-                    )
-            except Exception as e:  # retried at the next beat; only a long outage loses the lease
-                log.warning("lease renewal on %s failed: %s", hold.member, e)
+    def renew() -> None:
+        try:
+            if not lessor.renew(hold.grant, hold.run_id):
+                log.error(
+                    "the lease on %s was declared lost while this arm ran: a later arm may restart it",
+                    hold.member,
+                )
+        except Exception as e:  # retried at the next beat; only a long outage loses the lease
+            log.warning("lease renewal on %s failed: %s", hold.member, e)
 
-    thread = threading.Thread(target=beat, name="pool-lease", daemon=True) if lessor.renew_every_s else None
-    if thread is not None:
-        thread.start()
     try:
-        yield hold
+        with host_lease.renewing(lessor.renew_every_s or None, renew, "pool-lease"):
+            yield hold
     finally:
-        stop.set()
-        if thread is not None:
-            thread.join(timeout=5)
         end = time.time()
         try:
             lessor.release(hold.grant)
@@ -550,7 +540,6 @@ def teardown_member(job: JobConf, member: str) -> list[str]:
     hand meanwhile keeps its servers). Returns the problems met."""
     from orchestrator.config.plan import on_cluster, plan_arm
     from orchestrator.remote import close_all, make_transports
-    from orchestrator.run import lease as host_lease
     from orchestrator.run.deploy import Deployment
 
     plan = plan_arm(on_cluster(job, member))
@@ -558,7 +547,9 @@ def teardown_member(job: JobConf, member: str) -> list[str]:
     holder = host_lease.Holder.this_process(f"study {job.study.name}: tearing down {member} after a lost arm")
     work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
     try:
-        with host_lease.held(host_lease.cluster_leases(transports, work_dirs), holder, job.cluster.lease):
+        with host_lease.hosts_held(
+            host_lease.cluster_leases(transports, work_dirs), holder, job.cluster.lease
+        ):
             return Deployment(plan, transports, run_label="pool-recovery").stop_all()
     finally:
         close_all(transports)

@@ -78,10 +78,10 @@ class BootstrapState:
         return room
 
     def register(self, decode_addr: str, session: str) -> None:
-        held = self.peers.setdefault(decode_addr, session)
-        if held != session:
+        first = self.peers.setdefault(decode_addr, session)
+        if first != session:
             # SGLang keeps the first registration's KV args for this peer: the new session is ignored
-            log.debug("decode %s registered again with session %s; keeping %s", decode_addr, session, held)
+            log.debug("decode %s registered again with session %s; keeping %s", decode_addr, session, first)
 
     def state_for(self, room: Room, decode_addr: str, session: str) -> str:
         if room.delivered_to == session:

@@ -418,8 +418,8 @@ class ArmTracker:
             self._flush_startup()
 
     def _flush_startup(self) -> None:
-        held, self._startup = self._startup, {}
-        self._metrics(held)
+        pending, self._startup = self._startup, {}
+        self._metrics(pending)
 
     def log_stress(self, summary: StressSummary, out_dir: Path | None) -> None:
         """Counts, rate and its exact interval; partial when fewer sessions than planned have an outcome."""

@@ -46,9 +46,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.workload.client import RequestError, chat_payload, open_session, stream_chat
+from orchestrator.workload.client import chat_payload, open_session, stream_chat
+from orchestrator.workload.fill import fill
 from orchestrator.workload.metrics import AuditThresholds, RequestRecord, summarize_level
 from orchestrator.workload.results import BenchResult, LevelResult, Percentiles
+from orchestrator.workload.wire import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -306,20 +308,44 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def bench_config(source: object, **given: Any) -> BenchConfig:
+    """The one mapping to BenchConfig (fill.py): every field from `source` by name (a job's `bench`
+    section, or the CLI's arguments), but those `given` (what the caller computes: url, model, ...)."""
+    return fill(BenchConfig, source, **given)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in text.split(",") if c.strip())
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The CLI; each dest but `out` is the BenchConfig field it sets (the flags stay as they were)."""
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.workload.bench", description=__doc__.split("\n")[0]
     )
     defaults = BenchConfig
     parser.add_argument("--url", required=True, help="server or router base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument(
-        "--concurrency", default=",".join(map(str, DEFAULT_LEVELS)), help="comma-separated levels"
+        "--concurrency",
+        dest="concurrency_levels",
+        type=_levels,
+        default=",".join(map(str, DEFAULT_LEVELS)),
+        help="comma-separated levels",
     )
     amount = parser.add_mutually_exclusive_group()
-    amount.add_argument("--requests", type=int, default=None, help="per level (default: --rounds x C)")
-    amount.add_argument("--duration", type=float, default=None, help="seconds per level instead of a count")
+    amount.add_argument(
+        "--requests",
+        dest="requests_per_level",
+        type=int,
+        default=None,
+        help="per level (default: --rounds x C)",
+    )
+    amount.add_argument(
+        "--duration", dest="duration_s", type=float, default=None, help="seconds per level instead of a count"
+    )
     parser.add_argument(
         "--rounds",
+        dest="requests_per_worker",
         type=int,
         default=defaults.requests_per_worker,
         help="requests per worker when --requests is not given",
@@ -327,25 +353,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=defaults.input_len)
     parser.add_argument("--output-len", type=int, default=defaults.output_len)
     parser.add_argument("--model", default=defaults.model)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup_requests)
-    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="per request, seconds")
+    parser.add_argument("--warmup", dest="warmup_requests", type=int, default=defaults.warmup_requests)
+    parser.add_argument(
+        "--timeout", dest="timeout_s", type=float, default=defaults.timeout_s, help="per request, seconds"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--out", required=True, help="directory for bench.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    config = BenchConfig(
-        url=args.url,
-        concurrency_levels=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
-        requests_per_level=args.requests,
-        requests_per_worker=args.rounds,
-        duration_s=args.duration,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        model=args.model,
-        warmup_requests=args.warmup,
-        timeout_s=args.timeout,
-        seed=args.seed,
-    )
+    config = bench_config(args)
     result = run_bench_sync(config, out_dir=args.out)
     print(format_table(result))
     print(f"wrote {Path(args.out) / 'bench.json'}")

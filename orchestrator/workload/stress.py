@@ -47,13 +47,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.workload.client import (
-    RequestError,
-    _dumps,
-    open_session,
-    run_sync,
-    stream_body,
-)
+from orchestrator.workload.client import open_session, run_sync, stream_body
 from orchestrator.workload.detect import (
     DEFAULT_COUNTED,
     FAMILIES,
@@ -62,6 +56,7 @@ from orchestrator.workload.detect import (
     family_of,
     family_problems,
 )
+from orchestrator.workload.fill import fill
 from orchestrator.workload.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
 from orchestrator.workload.tasks import (
     TOOL_CHOICES,
@@ -72,6 +67,7 @@ from orchestrator.workload.tasks import (
     tool_choice_for,
     tool_result,
 )
+from orchestrator.workload.wire import RequestError, dumps
 
 log = logging.getLogger(__name__)
 
@@ -255,14 +251,14 @@ class RequestBody:
     `chat_payload(model, messages, TOOLS, max_tokens=..., temperature=0.0, tool_choice=...)`."""
 
     def __init__(self, settings: StressSettings, messages: list[dict[str, Any]]):
-        self._head = b'{"model":' + _dumps(settings.model) + b',"messages":['
+        self._head = b'{"model":' + dumps(settings.model) + b',"messages":['
         options = (
             b'],"stream":true,"stream_options":{"include_usage":true},"max_tokens":'
-            + _dumps(settings.max_tokens)
+            + dumps(settings.max_tokens)
             + b',"temperature":'
-            + _dumps(0.0)
+            + dumps(0.0)
         )
-        self._tail = options + (b',"tools":' + _dumps(TOOLS) + b',"tool_choice":' if TOOLS else b"")
+        self._tail = options + (b',"tools":' + dumps(TOOLS) + b',"tool_choice":' if TOOLS else b"")
         self._sent = bytearray()  # the messages serialised so far, comma-separated
         self._pending = list(messages)  # added since: serialised when the next body is built
 
@@ -273,9 +269,9 @@ class RequestBody:
         for message in self._pending:
             if self._sent:
                 self._sent += b","
-            self._sent += _dumps(message)
+            self._sent += dumps(message)
         self._pending.clear()
-        end = _dumps(tool_choice) + b"}" if TOOLS else b"}"
+        end = dumps(tool_choice) + b"}" if TOOLS else b"}"
         return b"".join((self._head, self._sent, self._tail, end))
 
 
@@ -583,25 +579,19 @@ def format_summary(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _settings_from(args: argparse.Namespace) -> StressSettings:
-    return StressSettings(
-        url=args.url,
-        out_dir=Path(args.out),
-        sessions=args.sessions,
-        rounds=args.rounds,
-        concurrency=args.concurrency,
-        seed=args.seed,
-        model=args.model,
-        timeout_s=args.timeout,
-        count=tuple(f.strip() for f in args.count.split(",") if f.strip()),
-        tool_choice=args.tool_choice,
-        keep_transcripts=args.keep_transcripts,
-        max_tokens=args.max_tokens,
-        progress=False if args.quiet else None,
-    )
+def stress_settings(source: object, **given: Any) -> StressSettings:
+    """The one mapping to StressSettings (fill.py): every field from `source` by name (a job's
+    `workload` section, or the CLI's arguments), but those `given` (what the caller computes: url,
+    out_dir, ...)."""
+    return fill(StressSettings, source, **given)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _families(text: str) -> tuple[str, ...]:
+    return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The CLI; each dest is the StressSettings field it sets (the flags stay as they were)."""
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.workload.stress",
         description="Tool-calling stress reproducer against an OpenAI-compatible endpoint.",
@@ -610,15 +600,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--sessions", type=int, default=defaults.sessions)
     parser.add_argument("--rounds", type=int, default=defaults.rounds)
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", dest="out_dir", required=True, help="output directory")
     parser.add_argument("--model", default=defaults.model)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: all)")
-    parser.add_argument("--timeout", type=float, default=defaults.timeout_s, help="seconds per turn")
+    parser.add_argument(
+        "--timeout", dest="timeout_s", type=float, default=defaults.timeout_s, help="seconds per turn"
+    )
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument(
         "--count",
-        default=",".join(DEFAULT_COUNTED),
+        type=_families,
+        default=DEFAULT_COUNTED,
         help=f"detector families that count as corruption, comma-separated from {','.join(FAMILIES)}; "
         "the others are reported beside (default: all)",
     )
@@ -631,11 +624,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-transcripts", action="store_true", help="write transcripts/<session>.json for every session"
     )
-    parser.add_argument("--quiet", action="store_true", help="no live progress")
+    # progress None: shown exactly when stderr is a terminal
+    parser.add_argument(
+        "--quiet", dest="progress", action="store_const", const=False, default=None, help="no live progress"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        settings = _settings_from(args)
+        settings = stress_settings(args)
     except ValueError as e:
         parser.error(str(e))
     interrupted = False

@@ -14,7 +14,7 @@ from orchestrator.config.plan import jobs_on_pool, plan_arm
 from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
 from orchestrator.run import pool
-from orchestrator.run.lease import Holder, HostLease, held
+from orchestrator.run.lease import Holder, HostLease, hosts_held
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import pool_overrides, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
@@ -161,7 +161,7 @@ def test_outside_ray_an_arm_takes_the_member_a_study_by_hand_does_not_hold(tmp_p
         f"tracking.uri={seed_mlflow_store(tmp_path / 'mlflow.db')}", f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun",
     ]  # fmt: skip
-    with held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
+    with hosts_held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
         proc = subprocess.Popen(
             argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

@@ -25,7 +25,7 @@ import pytest
 
 from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
-from orchestrator.run.lease import Holder, HostLease, held
+from orchestrator.run.lease import Holder, HostLease, hosts_held
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import free_port, pool_overrides, seed_mlflow_store
 from tests.pool.ray_head import RAY_ENV, local_ray_head
@@ -222,7 +222,7 @@ def test_under_ray_a_member_held_by_a_study_started_by_hand_is_passed_over(tmp_p
     and every arm runs on pd1; pd0's lease is left as it was."""
     by_hand = Holder.this_process("a study started by hand")
     leases = [HostLease(LocalTransport(), str(tmp_path / f"pd0-{role}")) for role in ROLES]
-    with held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
+    with hosts_held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
         proc = pooled_sweep(tmp_path, ray_head, "workload.sessions=12", repetitions="0")
         out = finish(proc, 400)
         assert all((tmp_path / f"pd0-{role}" / "lease").is_dir() for role in ROLES)

@@ -7,16 +7,11 @@ import json
 
 import pytest
 
-from orchestrator.workload.client import (
-    ERROR_KINDS,
-    RequestError,
-    SSEParser,
-    chat_payload,
-    open_session,
-    stream_chat,
-)
+from orchestrator.workload.client import chat_payload, open_session, stream_chat
 from orchestrator.workload.results import StreamedTurn
+from orchestrator.workload.sse import SSEParser
 from orchestrator.workload.tasks import TOOLS, initial_messages, make_task
+from orchestrator.workload.wire import ERROR_KINDS, RequestError
 
 
 def sse(*events: object, done: bool = True, sep: bytes = b"\n\n") -> bytes:

@@ -299,10 +299,8 @@ def test_first_firing_detector_wins():
 
 
 def test_the_oracle_needs_no_http_client():
-    # the oracle is pure: judging a turn must not import the aiohttp client (nor aiohttp)
-    code = (
-        "import sys, orchestrator.workload.detect\n"
-        "print(sorted({'aiohttp', 'orchestrator.workload.client'} & set(sys.modules)))"
-    )
+    # the oracle is pure: judging a turn must not import the client (nor aiohttp, nor its transport)
+    modules = {"aiohttp", *(f"orchestrator.workload.{m}" for m in ("client", "http1", "sse"))}
+    code = f"import sys, orchestrator.workload.detect\nprint(sorted({modules!r} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

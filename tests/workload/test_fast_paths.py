@@ -26,10 +26,12 @@ import numpy as np
 import pytest
 from conftest import call_events, sse_reply
 
-from orchestrator.workload import client, detect, stress, tasks
-from orchestrator.workload.client import RequestError, SSEParser, chat_payload, open_session, stream_chat
+from orchestrator.workload import client, detect, http1, stress, tasks, wire
+from orchestrator.workload.client import chat_payload, open_session, stream_chat
 from orchestrator.workload.results import BadTurn, SessionOutcome, StreamedToolCall, StreamedTurn
+from orchestrator.workload.sse import SSEParser
 from orchestrator.workload.tasks import TOOL_SCHEMAS, TOOLS, initial_messages, make_task
+from orchestrator.workload.wire import RequestError
 
 # --- compiled schema checks vs jsonschema ---------------------------------------------------------------
 
@@ -361,7 +363,7 @@ def test_incremental_request_body_is_what_stream_chat_sends(mode):
             chat_payload("m-é", messages, TOOLS, max_tokens=77, temperature=0.0, tool_choice=choice)
         )
         payload["stream"] = True
-        assert body.body(choice) == client._dumps(payload)
+        assert body.body(choice) == wire.dumps(payload)
         turn = StreamedTurn(
             content="x" if r else "", tool_calls=[StreamedToolCall(0, f"c{r}", "read_file", "{}")]
         )
@@ -635,9 +637,9 @@ def test_sessions_not_from_open_session_and_https_use_aiohttp(sim_server):
 
     turn = asyncio.run(run())
     assert turn.tool_calls and turn.done
-    assert client._target("https://127.0.0.1:1/v1/chat/completions") is None
-    assert client._target("http://u:p@127.0.0.1:1/v1/chat/completions") is None
-    assert client._target("http://[::1]:8/x/v1/chat/completions?a=b")[2].startswith(
+    assert http1.target("https://127.0.0.1:1/v1/chat/completions") is None
+    assert http1.target("http://u:p@127.0.0.1:1/v1/chat/completions") is None
+    assert http1.target("http://[::1]:8/x/v1/chat/completions?a=b")[2].startswith(
         b"POST /x/v1/chat/completions?a=b HTTP/1.1\r\nHost: [::1]:8\r\n"
     )
 

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import pytest
 
-from orchestrator.workload import client, detect
+from orchestrator.workload import detect, sse
 from orchestrator.workload.stress import StressSettings, run_stress_sync
 from orchestrator.workload.tasks import make_task
 
@@ -162,12 +162,12 @@ def test_old_and_new_parser_and_oracle_agree_on_every_sim_turn(start_sim, tmp_pa
     for raw, expected, recorded, origin in corpus:
         whole_old = parse(old_client, [raw])
         for pieces in chunkings(raw, rng):
-            new_turn, old_turn = parse(client, pieces), parse(old_client, pieces)
+            new_turn, old_turn = parse(sse, pieces), parse(old_client, pieces)
             assert summary_of(new_turn) == summary_of(old_turn), (origin, pieces[:2])
         if isinstance(whole_old, tuple):
             seen[f"error:{whole_old[1]}"] = seen.get(f"error:{whole_old[1]}", 0) + 1
             continue
-        whole_new = parse(client, [raw])
+        whole_new = parse(sse, [raw])
         for plan in (False, True):
             want = verdict(old_detect, whole_old, expected, plan)
             assert verdict(detect, whole_new, expected, plan) == want, (origin, raw[:300])

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 from conftest import call_events, sse_reply
 
-from orchestrator.workload.client import RequestError, SSEParser, chat_payload, open_session, stream_chat
+from orchestrator.workload.client import chat_payload, open_session, stream_chat
+from orchestrator.workload.sse import SSEParser
 from orchestrator.workload.stress import StressSettings, read_outcomes, run_stress_sync
 from orchestrator.workload.tasks import (
     TOOLS,
@@ -26,6 +27,7 @@ from orchestrator.workload.tasks import (
     rounds_done,
     tool_choice_for,
 )
+from orchestrator.workload.wire import RequestError
 
 
 def parse(events: list[dict]) -> SSEParser:

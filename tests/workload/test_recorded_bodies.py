@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.workload.client import SSEParser
 from orchestrator.workload.detect import check_turn
 from orchestrator.workload.results import StreamedTurn
+from orchestrator.workload.sse import SSEParser
 from orchestrator.workload.tasks import TOOL_SCHEMAS, make_task
 
 DATA = Path(__file__).with_name("data")
