@@ -228,23 +228,29 @@ def cli_help(*argv: str) -> str:
 
 @functools.cache
 def config_groups() -> dict[str, set[str]]:
-    """Every config group the app composes from and its options, as `--help` and `--hydra-help` list
-    them, and `experiment` from experiments/."""
+    """Every config group the app composes from and its options: the app's own from the shipped conf/ (as
+    the command line's checks read them, `config.catalog`), Hydra's as `--hydra-help` lists them, and
+    `experiment` from experiments/."""
+    from orchestrator.config.catalog import SHIPPED_CONF, option_files
+
     groups: dict[str, set[str]] = {"experiment": {p.stem for p in (ROOT / "experiments").glob("*.yaml")}}
-    for flag in ("--help", "--hydra-help"):
-        text = cli_help("-m", "orchestrator", flag)
-        listing = text.split("== Configuration groups ==", 1)[1].split("== Config", 1)[0]
-        for line in listing.splitlines():
-            match = re.fullmatch(r"([\w/]+): (.+)", line.strip())
-            if match:
-                groups[match.group(1)] = {o.strip() for o in match.group(2).split(",")}
+    for folder in sorted(p for p in SHIPPED_CONF.rglob("*") if p.is_dir()):
+        group = folder.relative_to(SHIPPED_CONF).as_posix()
+        if options := option_files(group):
+            groups[group] = set(options)
+    text = cli_help("-m", "orchestrator", "--hydra-help")
+    listing = text.split("== Configuration groups ==", 1)[1].split("== Config", 1)[0]
+    for line in listing.splitlines():
+        match = re.fullmatch(r"([\w/]+): (.+)", line.strip())
+        if match:
+            groups[match.group(1)] = {o.strip() for o in match.group(2).split(",")}
     return groups
 
 
 @functools.cache
 def top_level_keys() -> set[str]:
-    """The primary config's top-level keys (as `--help` prints it), its groups', and `hydra`."""
-    config = cli_help("-m", "orchestrator", "--help").split("== Config ==", 1)[1]
+    """The primary config's top-level keys (as `--cfg job` prints it), its groups', and `hydra`."""
+    config = cli_help("-m", "orchestrator", "--cfg", "job")
     keys = {m.group(1) for m in re.finditer(r"^(\w+):", config, re.MULTILINE)}
     return keys | {group.split("/")[0] for group in config_groups()} | {"hydra"}
 
