@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import free_port, seed_mlflow_store
+from tests.conftest import free_port, seed_mlflow_store, sweep_logs
 from tests.test_study import finish, kill_if_running
 
 ROLES = ("prefill", "decode", "router")
@@ -438,7 +438,8 @@ def test_resume_skips_finished_arms_and_reruns_the_interrupted_one(study):
 
     rc, out = study.run(*sweep, "resume=true")
     assert rc == 0, out[-4000:]
-    assert "already FINISHED; skipped" in out
+    assert "already FINISHED; skipped" in sweep_logs(study.sweep_dir)
+    assert ": SKIPPED (already FINISHED: resume)" in out  # and the terminal says so
     after = study.arm_runs()
     by_level: dict[str, list] = {}
     for run in after:

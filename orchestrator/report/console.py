@@ -71,9 +71,9 @@ _HELD: dict[str, list[str]] = {}  # a driver log's records from before its folde
 
 
 class SweepLogFile(logging.Handler):
-    """The sweep's own log, `<sweep dir>/multirun.log`: written once the sweep dir exists (the launcher
-    makes it), with the records from before then held till that moment; a dry run, which makes no sweep
-    dir, writes none. Opened per record: the driver logs a few dozen."""
+    """The sweep's own log, `<sweep dir>/multirun.log`: written once the sweep dir exists (Hydra makes
+    it as the sweep starts), with the records from before then held till that moment (or the exit).
+    Opened per record: the driver logs a few dozen."""
 
     def __init__(self, filename: str) -> None:
         super().__init__()
@@ -83,14 +83,18 @@ class SweepLogFile(logging.Handler):
         try:
             held = _HELD.setdefault(str(self.path), [])
             held.append(self.format(record) + "\n")
-            if not self.path.parent.is_dir():
-                del held[:-10000]  # bounded, should the dir never come
-                return
+            del held[:-10000]  # bounded, should the dir never come
+            self.flush()
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        """Write the records held, if the sweep dir exists now (also at exit: logging.shutdown)."""
+        held = _HELD.get(str(self.path))
+        if held and self.path.parent.is_dir():
             with self.path.open("a") as f:
                 f.writelines(held)
             held.clear()
-        except Exception:
-            self.handleError(record)
 
 
 # --- progress: pure ---------------------------------------------------------------------------------
