@@ -298,19 +298,20 @@ def run_arm(
     ends here (FINISHED, FAILED or KILLED) and the transports are closed. `holder`: the lease holder that
     already took this cluster's host leases (a pool's pick, pool.py); the arm holds them under it.
     `progress` hears the arm's phases and how it ended (the workload reports the sessions)."""
-    ended, reason = "KILLED", ""  # unless the arm returns or says why it did not
     try:
-        summary = _run_arm(start, transports, tracker, workload, out_dir, on_event, holder, progress)
-        ended, reason = summary["status"], summary.pop("reason", "")
-        return summary
+        summary, guard = _run_arm(start, transports, tracker, workload, out_dir, on_event, holder, progress)
     except (PreflightError, LeaseHeld) as e:
-        ended, reason = "REFUSED", str(e)
+        progress.finish("REFUSED", str(e))
         raise
     except Exception as e:
-        ended, reason = "FAILED", f"{type(e).__name__}: {e}"
+        progress.finish("FAILED", f"{type(e).__name__}: {e}")
         raise
-    finally:
-        progress.finish(ended, reason)
+    except BaseException:
+        progress.finish("KILLED")
+        raise
+    progress.finish(summary["status"], summary.pop("reason"))
+    guard.raise_pending()  # a signal held during the teardown of an arm that ended on its own
+    return summary
 
 
 def _run_arm(
@@ -322,7 +323,7 @@ def _run_arm(
     on_event: Callable[[str], None],
     holder: Holder | None,
     progress: ProgressSink,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], InterruptGuard]:
     plan = start.plan
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("arm %s, repetition %d, signature %s", start.label, start.repetition, plan.signature)
@@ -364,8 +365,7 @@ def _run_arm(
             log.exception("arm %s failed", start.label)
             tracker.fail(f"{type(e).__name__}: {e}")
             status, reason = "FAILED", f"{type(e).__name__}: {e}"
-    guard.raise_pending()
-    return {
+    summary = {
         "status": status,
         "signature": plan.signature,
         "repetition": start.repetition,
@@ -373,6 +373,7 @@ def _run_arm(
         "run_id": tracker.run_id,
         "reason": reason,
     }
+    return summary, guard
 
 
 def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tracker) -> Expected:
