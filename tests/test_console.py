@@ -133,6 +133,8 @@ def test_the_progress_file_is_replaced_whole_and_read_back(tmp_path):
 
 def test_a_display_off_a_terminal_prints_one_plain_line_per_arm_finished(tmp_path):
     out = io.StringIO()
+    stale = ProgressFile(progress_dir(tmp_path) / "1.json", 1, "multi_stream=off", 0)
+    stale.finish("FINISHED")  # an earlier sweep's, in the same sweep dir: not this one's
     display = SweepDisplay(view(sweep_dir=str(tmp_path)), out=out, poll_s=60).start()
     sink = ProgressFile(progress_dir(tmp_path) / "0.json", 0, "baseline", 0)
     display.poll()

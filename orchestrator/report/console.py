@@ -251,6 +251,9 @@ class SweepDisplay:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> SweepDisplay:
+        # a sweep run again into the same sweep dir (a fixed hydra.sweep.dir) starts from no progress
+        for stale in progress_dir(self.view.sweep_dir).glob("*.json"):
+            stale.unlink(missing_ok=True)
         self._print(started_line(self.view))
         if self.interactive:
             from rich.console import Console
