@@ -169,10 +169,14 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         os.chdir(runtime.cwd)
     hydra_conf = HydraConfig.get()
     job_num = hydra_conf.job.num if hydra_conf.mode == RunMode.MULTIRUN else None
+    output_dir = Path(hydra_conf.runtime.output_dir)
     try:
-        return run_job(cfg, Path(hydra_conf.runtime.output_dir), job_num)
+        summary = run_job(cfg, output_dir, job_num)
     except (PreflightError, LeaseHeld) as e:
         raise ArmRefused(str(e)) from e
+    if job_num is None:  # a single run (hydra.mode=RUN): no sweep display, so one line says how it ended
+        print(f"arm {summary['arm']} #{summary['repetition']}: {summary['status']}; logs in {output_dir}")
+    return summary
 
 
 def cli() -> None:
