@@ -1,5 +1,10 @@
 """`python -m orchestrator`: the Hydra app. One job runs one arm; a multirun runs a study.
 
+The terminal shows the study's progress and, at the end, its verdict (the report's headline, the
+hypotheses table, the report's path); the logs go to the log files (`<sweep dir>/multirun.log`,
+`<sweep dir>/<job>/__main__.log`). HEISENHUNT_VERBOSE=1 brings the logs back to the terminal
+(orchestrator/report/console.py).
+
 This is the edge: it turns Hydra's config into typed values (`config.load_job`), builds the side effects
 (transports to the hosts, the MLflow tracker) and hands them to `arm.run_arm`, a plain function that
 tests call directly.
@@ -16,6 +21,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
@@ -25,6 +31,7 @@ from orchestrator.config.schema import JobConf
 from orchestrator.run.lease import LeaseHeld
 from orchestrator.run.local_checks import check_local_side
 from orchestrator.run.preflight import PreflightError
+from orchestrator.run.progress import NO_PROGRESS, ProgressFile, ProgressSink, progress_dir
 
 log = logging.getLogger("orchestrator")
 
@@ -38,9 +45,10 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM during an arm, saying what was kept."""
 
 
-def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+def run_job(cfg: DictConfig, output_dir: Path, job_num: int | None = None) -> dict[str, Any]:
     """One job of the sweep: load and check it, skip it on resume, else run its arm (on a member of its
-    cluster pool, held for the whole arm, when it has one)."""
+    cluster pool, held for the whole arm, when it has one). `job_num`: its number in a multirun, whose
+    progress the arm then reports for the terminal (run/progress.py)."""
     from orchestrator.config.plan import on_cluster
     from orchestrator.tracking.read import finished_runs
 
@@ -50,7 +58,9 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     pool = job.cluster_pool
     # (a skip needs no cluster: the signature does not depend on hosts)
     step = prepare(on_cluster(job, next(iter(pool.clusters))) if pool else job, finished)
+    progress = _progress(job.sweep_dir, job_num, step)
     if isinstance(step, ArmSkip):
+        progress.finish("SKIPPED")
         log.info(
             "resume: %s repetition %d (signature %s) already FINISHED; skipped",
             step.label,
@@ -59,7 +69,7 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         )
         return step.summary()
     if pool is None:
-        return run_on_cluster(job, step, cfg, output_dir)
+        return run_on_cluster(job, step, cfg, output_dir, progress=progress)
     from orchestrator.run import pool as cluster_pool
     from orchestrator.tracking.write import tag_run
 
@@ -85,11 +95,24 @@ def run_job(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         on_member = on_cluster(job, hold.member)
         step = prepare(on_member, set())  # planned again: the member's hosts and ports
         assert isinstance(step, ArmStart)
-        return run_on_cluster(on_member, step, cfg, output_dir, hold)
+        return run_on_cluster(on_member, step, cfg, output_dir, hold, progress)
+
+
+def _progress(sweep_dir: str | None, job_num: int | None, step: ArmStart | ArmSkip) -> ProgressSink:
+    """The job's progress file in a multirun (the driver's display reads it); nowhere otherwise."""
+    if sweep_dir is None or job_num is None:
+        return NO_PROGRESS
+    path = progress_dir(sweep_dir) / f"{job_num}.json"
+    return ProgressFile(path, job_num, step.label, step.repetition)
 
 
 def run_on_cluster(
-    job: JobConf, step: ArmStart, cfg: DictConfig, output_dir: Path, hold: Any = None
+    job: JobConf,
+    step: ArmStart,
+    cfg: DictConfig,
+    output_dir: Path,
+    hold: Any = None,
+    progress: ProgressSink = NO_PROGRESS,
 ) -> dict[str, Any]:
     """Run the job's prepared arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
     from orchestrator.remote import make_transports
@@ -116,7 +139,13 @@ def run_on_cluster(
     host_holder = hold.grant.host_holder if hold is not None else None
     try:
         return run_arm(
-            step, transports, tracker, StressThenBench(step.repetition), output_dir, holder=host_holder
+            step,
+            transports,
+            tracker,
+            StressThenBench(step.repetition, progress),
+            output_dir,
+            holder=host_holder,
+            progress=progress,
         )
     except KeyboardInterrupt as e:
         kept = _lines(output_dir / "stress" / "sessions.jsonl")
@@ -138,16 +167,24 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         # the command's directory, where the config's relative paths point (tracking.uri, report.dir):
         # a launcher that runs jobs in other processes (Ray's workers) starts them elsewhere
         os.chdir(runtime.cwd)
+    hydra_conf = HydraConfig.get()
+    job_num = hydra_conf.job.num if hydra_conf.mode == RunMode.MULTIRUN else None
+    output_dir = Path(hydra_conf.runtime.output_dir)
     try:
-        return run_job(cfg, Path(HydraConfig.get().runtime.output_dir))
+        summary = run_job(cfg, output_dir, job_num)
     except (PreflightError, LeaseHeld) as e:
         raise ArmRefused(str(e)) from e
+    if job_num is None:  # a single run (hydra.mode=RUN): no sweep display, so one line says how it ended
+        print(f"arm {summary['arm']} #{summary['repetition']}: {summary['status']}; logs in {output_dir}")
+    return summary
 
 
 def cli() -> None:
     """The command: its own help page and checks of the command line, then the Hydra app; an interrupt
-    ends with one line saying what was kept, not a traceback."""
+    ends with one line saying what was kept, not a traceback, then what the study kept and how to resume
+    (so does a study that stops on an error)."""
     from orchestrator.config.argv import command_line_problems
+    from orchestrator.report import console
 
     if {"--help", "-h"} & set(sys.argv[1:]):
         # Our page, not Hydra's, printed before Hydra starts: a `hydra/help` template is static text (its
@@ -163,13 +200,23 @@ def cli() -> None:
     if problems:
         print("invalid command line:\n  - " + "\n  - ".join(problems), file=sys.stderr)
         sys.exit(2)
+    # MLflow's own stderr handler would bypass the log files: its records go through ours
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     try:
         main()
     except KeyboardInterrupt as e:
+        console.stop_display()  # the terminal restored before anything is printed
         print(
             f"heisenhunt: {e}" if isinstance(e, Interrupted) else "heisenhunt: interrupted", file=sys.stderr
         )
+        console.show_kept()
         sys.exit(130)
+    except SystemExit as e:
+        if e.code not in (0, None):
+            console.show_kept()  # (Hydra printed the error)
+        raise
+    finally:
+        console.stop_display()
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from orchestrator.run.preflight import (
     gpu_memory_used,
     host_provenance,
 )
+from orchestrator.run.progress import NO_PROGRESS, ProgressSink
 from orchestrator.workload.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
 
 log = logging.getLogger("orchestrator")
@@ -126,9 +127,11 @@ def carries_bench(plan: ArmPlan, repetition: int) -> bool:
 @dataclass(frozen=True)
 class StressThenBench:
     """The standard workload: the tool-calling stress reproducer, then (if enabled) the throughput sweep,
-    with the plan's workload and bench settings. A server that dies meanwhile fails the arm."""
+    with the plan's workload and bench settings. A server that dies meanwhile fails the arm. `progress`
+    hears the phase and every session's outcome (the terminal's display, run/progress.py)."""
 
     repetition: int = 0
+    progress: ProgressSink = NO_PROGRESS
 
     def measure(self, plan: ArmPlan, deployment: Deployment, tracker: Tracker, out_dir: Path) -> None:
         from orchestrator.workload.bench import bench_config, run_bench_sync
@@ -137,6 +140,8 @@ class StressThenBench:
         stress_dir = out_dir / "stress"
         w = plan.workload
         monitor = decode_load_monitor(plan)  # the decode's load while the sessions run
+        self.progress.phase("stress")
+        self.progress.sessions_planned(w.sessions)
         try:
             # the rest of the workload section flows through by field name
             settings = stress_settings(
@@ -146,12 +151,15 @@ class StressThenBench:
                 model=plan.served_model,
                 concurrency=w.concurrency or None,
                 seed=w.seed + self.repetition * REPETITION_SEED_STRIDE,
+                # the sweep's display shows the sessions (one live display on a terminal, not two)
+                progress=None if self.progress is NO_PROGRESS else False,
             )
             summary = run_stress_sync(
                 settings,
                 server_gone=lambda: (
                     f"{role} is no longer running" if (role := deployment.dead_role()) else None
                 ),
+                on_outcome=self.progress.session,
             )
             decode_load = monitor.stop()
         except BaseException:
@@ -165,6 +173,7 @@ class StressThenBench:
         deployment.check_alive("the stress workload")
         if carries_bench(plan, self.repetition):
             b = plan.bench
+            self.progress.phase("bench")
             bench_dir = out_dir / "bench"
             # the rest of the bench section flows through by field name
             config = bench_config(
@@ -274,15 +283,43 @@ def run_arm(
     out_dir: Path,
     on_event: Callable[[str], None] = log.info,
     holder: Holder | None = None,
+    progress: ProgressSink = NO_PROGRESS,
 ) -> dict[str, Any]:
     """Run one prepared arm on its hosts and record it; returns the job's summary. The tracker's run
     ends here (FINISHED, FAILED or KILLED) and the transports are closed. `holder`: the lease holder that
-    already took this cluster's host leases (a pool's pick, pool.py); the arm holds them under it."""
+    already took this cluster's host leases (a pool's pick, pool.py); the arm holds them under it.
+    `progress` hears the arm's phases and how it ended (the workload reports the sessions)."""
+    try:
+        summary, guard = _run_arm(start, transports, tracker, workload, out_dir, on_event, holder, progress)
+    except (PreflightError, LeaseHeld) as e:
+        progress.finish("REFUSED", str(e))
+        raise
+    except Exception as e:
+        progress.finish("FAILED", f"{type(e).__name__}: {e}")
+        raise
+    except BaseException:
+        progress.finish("KILLED")
+        raise
+    progress.finish(summary["status"], summary.pop("reason"))
+    guard.raise_pending()  # a signal held during the teardown of an arm that ended on its own
+    return summary
+
+
+def _run_arm(
+    start: ArmStart,
+    transports: Mapping[str, Transport],
+    tracker: Tracker,
+    workload: Workload,
+    out_dir: Path,
+    on_event: Callable[[str], None],
+    holder: Holder | None,
+    progress: ProgressSink,
+) -> tuple[dict[str, Any], InterruptGuard]:
     plan = start.plan
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("arm %s, repetition %d, signature %s", start.label, start.repetition, plan.signature)
     guard = InterruptGuard()
-    status = "FINISHED"
+    status, reason = "FINISHED", ""
     with guard.installed(), tracker, contextlib.ExitStack() as teardown:
         teardown.callback(close_all, transports)
         try:
@@ -307,6 +344,7 @@ def run_arm(
             plan, transports, run_label=start.log_label(tracker.run_id), on_event=on_event
         )
         teardown.callback(_teardown, guard, deployment, out_dir, tracker)
+        teardown.callback(progress.phase, "teardown")  # (callbacks run last first: before the stop)
         try:
             deployment.co_restart()
             tracker.log_startup(deployment.startup_s)
@@ -315,19 +353,20 @@ def run_arm(
         except DeployError as e:
             log.error("arm %s failed: %s", start.label, e)
             tracker.fail(str(e).splitlines()[0], e.log_tail)
-            status = "FAILED"
+            status, reason = "FAILED", str(e).splitlines()[0]
         except Exception as e:  # failures are data: record this arm and let the sweep go on
             log.exception("arm %s failed", start.label)
             tracker.fail(f"{type(e).__name__}: {e}")
-            status = "FAILED"
-    guard.raise_pending()
-    return {
+            status, reason = "FAILED", f"{type(e).__name__}: {e}"
+    summary = {
         "status": status,
         "signature": plan.signature,
         "repetition": start.repetition,
         "arm": start.label,
         "run_id": tracker.run_id,
+        "reason": reason,
     }
+    return summary, guard
 
 
 def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tracker) -> Expected:

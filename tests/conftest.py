@@ -47,6 +47,13 @@ def report_json(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return to_json(analyse(*args, **kwargs))
 
 
+def sweep_logs(sweep_dir: Path) -> str:
+    """Every log record of a sweep, as its log files keep them (the terminal shows the progress and the
+    verdict; orchestrator/report/console.py): the sweep's own, then each job's."""
+    files = [sweep_dir / "multirun.log", *sorted(sweep_dir.glob("*/__main__.log"))]
+    return "".join(f.read_text() for f in files if f.is_file())
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now, never the same one twice in a test session (in any of
     its workers): two servers of one deployment given the same port would answer each other's health

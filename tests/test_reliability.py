@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import free_port, seed_mlflow_store
+from tests.conftest import free_port, seed_mlflow_store, sweep_logs
 from tests.test_study import finish, kill_if_running
 
 ROLES = ("prefill", "decode", "router")
@@ -279,6 +279,10 @@ def test_an_arm_whose_server_will_not_start_is_a_failed_run_and_the_sweep_goes_o
     problems = [p for p in report["problem_runs"] if p["status"] == "FAILED"]
     assert [p["arm"] for p in problems] == ["multi_stream=broken"]
     assert "exited before becoming healthy" in problems[0]["reason"]
+    # the terminal says so as the arm ends (the error itself on stderr), then goes on
+    assert "arm 1/2 multi_stream=broken #0: FAILED (" in out, out[-3000:]
+    assert ": decode: exited before becoming healthy" in out
+    assert "arm 2/2 multi_stream=off #0: FINISHED, 4/4 sessions" in out
     md = study.report_md()
     failed_rows = [
         line for line in md.splitlines() if line.startswith("| multi_stream=broken") and "FAILED" in line
@@ -309,6 +313,9 @@ def test_an_interrupt_mid_stress_tears_down_every_host_and_keeps_the_partial_out
     proc = study.start("factor/multi_stream=on", "repetition=0", *LONG_STRESS)
     out = interrupt_mid_stress(study, proc, 0, signum)
     assert proc.returncode == 130, out[-3000:]
+    # what was kept, and how to resume
+    assert "heisenhunt: kept 0 of 1 arm runs FINISHED, 1 KILLED" in out, out[-3000:]
+    assert "run the same command with resume=true" in out
     # one line says what was kept; no traceback
     assert "Traceback" not in out and "is KILLED with the" in out, out[-3000:]
     # nothing left running, no port left listening, no pid file left behind
@@ -438,7 +445,8 @@ def test_resume_skips_finished_arms_and_reruns_the_interrupted_one(study):
 
     rc, out = study.run(*sweep, "resume=true")
     assert rc == 0, out[-4000:]
-    assert "already FINISHED; skipped" in out
+    assert "already FINISHED; skipped" in sweep_logs(study.sweep_dir)
+    assert ": SKIPPED (already FINISHED: resume)" in out  # and the terminal says so
     after = study.arm_runs()
     by_level: dict[str, list] = {}
     for run in after:

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from tests.conftest import sweep_logs
 from tests.test_reliability import STUDY, interrupt_mid_stress, study  # noqa: F401 - the fixture
 
 SEQUENTIAL = ["factor/multi_stream=on,off", "hydra.sweeper.design=sequential"]
@@ -36,7 +37,8 @@ def test_an_interrupted_sequential_study_resumes_without_losing_a_finished_run(s
 
     rc, out = study.run(*sweep, "resume=true")
     assert rc == 0, out[-4000:]
-    assert "already FINISHED; skipped" in out
+    assert "already FINISHED; skipped" in sweep_logs(study.sweep_dir)
+    assert ": SKIPPED (already FINISHED: resume)" in out  # and the terminal says so
     report = json.loads((study.reports / STUDY / "report.json").read_text())
     used = {r["run_id"] for a in report["arms"] for r in a["runs"] if r["used"]}
     assert set(finished.values()) <= used  # round 0 counts, not run twice

@@ -19,10 +19,10 @@ from orchestrator.workload.stress import StressSettings
 from tests.conftest import plan_of
 
 # what the arm computes itself (the rest of the job's section flows through by name)
-ARM_GIVES_STRESS = {"url", "out_dir", "model"}
+ARM_GIVES_STRESS = {"url", "out_dir", "model", "progress"}  # progress: off under the sweep's display
 ARM_GIVES_BENCH = {"url", "model", "concurrency_levels"}  # the schema's `concurrency` is the levels
 # settings a job's config does not carry: the arm runs with their defaults
-JOB_LEAVES_STRESS = {"keep_transcripts", "max_tokens", "progress", "watch_interval_s"}
+JOB_LEAVES_STRESS = {"keep_transcripts", "max_tokens", "watch_interval_s"}
 JOB_LEAVES_BENCH = {"requests_per_level", "duration_s", "seed", "thresholds"}
 # the schema's bench fields that say whether and where the sweep runs, not how
 BENCH_SCHEMA_ONLY = {"enabled", "repetitions", "concurrency"}

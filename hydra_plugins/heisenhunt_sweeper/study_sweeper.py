@@ -37,6 +37,7 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     collapse,
     repetition_problems,
 )
+from orchestrator.report.console import TERMINAL
 from orchestrator.study import designs
 from orchestrator.study.designs import job_repetition
 
@@ -145,11 +146,11 @@ class StudySweeper(BasicSweeper):
         if self._launches_nothing() and design.adaptive:
             # the later rounds depend on the first one's evidence: show and check what may run first
             if self._launched >= 0:
-                log.info("round 0 shown and checked; the later rounds depend on its evidence")
+                log.info("round 0 shown and checked; the later rounds depend on its evidence", extra=TERMINAL)
                 return []
             self._launched = 0
             first = design.jobs()
-            log.info("round 0: %s", ", ".join(dict.fromkeys(job.label for job in first)))
+            log.info("round 0: %s", ", ".join(dict.fromkeys(job.label for job in first)), extra=TERMINAL)
             return [list(job.overrides) for job in first]
         try:
             nxt = design.next_round(self._records(), self._launched)
@@ -157,7 +158,7 @@ class StudySweeper(BasicSweeper):
             self._end_parent_refused([], str(e))
             raise
         for note in nxt.notes:
-            log.info("%s", note)
+            log.info("%s", note, extra=TERMINAL)  # where the study stands: the terminal follows it
         if nxt.look is not None:
             from orchestrator.tracking.layout import PARENT_ENV
             from orchestrator.tracking.write import log_look
@@ -166,7 +167,13 @@ class StudySweeper(BasicSweeper):
                 log_look(uri, os.environ[PARENT_ENV], nxt.look)
         if not nxt.jobs:
             if design.adaptive:
-                log.info("%s study done after %d round(s): %s", design.name, nxt.index, nxt.stop_reason)
+                log.info(
+                    "%s study done after %d round(s): %s",
+                    design.name,
+                    nxt.index,
+                    nxt.stop_reason,
+                    extra=TERMINAL,
+                )
             return []
         jobs = [list(job.overrides) for job in nxt.jobs]
         again = [j for j in jobs if tuple(j) in self._launched_jobs]
@@ -249,6 +256,21 @@ class StudySweeper(BasicSweeper):
 
         open_parent_run()
         self._record_planned(planned, batch)
+        self._show_progress(len(batch))
+
+    def _show_progress(self, jobs: int) -> None:
+        """The terminal follows the accepted round (report/console.py)."""
+        from orchestrator.report.console import sweep_accepted
+
+        assert self.config is not None and self._design is not None
+        sweep_accepted(
+            self.study.name,
+            str(self.config.hydra.sweep.dir),
+            jobs,
+            more_rounds=self._design.adaptive,
+            tracking_uri=str(self.config.tracking.uri),
+            report_dir=str(self.config.report.dir),
+        )
 
     def _record_planned(self, planned, batch) -> None:
         """The parent run keeps every (signature, repetition) the sweep plans: a resumed sweep's report

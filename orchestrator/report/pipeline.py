@@ -147,7 +147,10 @@ class StudyCallback(Callback):
         _CURRENT[:] = [self]  # one sweep per process
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from orchestrator.report import console
+
         self._open = None  # a sweep that ends unopened (nothing accepted) opens nothing now
+        console.stop_display()  # the arms are done; the terminal is the verdict's
         if self._run_id is None or self._uri is None:
             return
         paths: list[Path] = []
@@ -161,11 +164,14 @@ class StudyCallback(Callback):
                 bool(config.report.plots),
             )
             headline = result.headline
+            hint = _write().ui_hint(self._uri, self.study_name or str(config.study.name))
             log.info("report: %s", paths[0])
-            log.info(_write().ui_hint(self._uri, self.study_name or str(config.study.name)))
+            log.info(hint)
+            console.show_verdict(result, paths[0], hint)
         except Exception as e:
             log.exception("the report could not be built")
             failure = f"report: {type(e).__name__}: {e}"
+            console.show_kept()
         finally:
             _write().end_study_run(self._uri, self._run_id, paths, failure, headline)
             self._ended = True

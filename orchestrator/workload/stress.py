@@ -346,8 +346,11 @@ def outcome_dict(outcome: SessionOutcome) -> dict[str, Any]:
 class _Outputs:
     """The run's files and live counts; every write is flushed at once."""
 
-    def __init__(self, out_dir: Path, planned: int, progress: bool):
+    def __init__(
+        self, out_dir: Path, planned: int, progress: bool, on_outcome: Callable[[str], None] | None = None
+    ):
         self.out_dir = out_dir
+        self.on_outcome = on_outcome
         self.planned = planned
         out_dir.mkdir(parents=True, exist_ok=True)
         self.corrupted_dir = out_dir / "corrupted"
@@ -368,6 +371,8 @@ class _Outputs:
         self.outcomes.append(outcome)
         if self._progress is not None:
             self._progress.update(self.outcomes[-1].status)
+        if self.on_outcome is not None:
+            self.on_outcome(outcome.status)
 
     def finish(self, duration_s: float, settings: dict[str, Any]) -> StressSummary:
         self._jsonl.close()
@@ -506,7 +511,9 @@ def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
 
 
 async def run_stress(
-    settings: StressSettings, server_gone: Callable[[], str | None] | None = None
+    settings: StressSettings,
+    server_gone: Callable[[], str | None] | None = None,
+    on_outcome: Callable[[str], None] | None = None,
 ) -> StressSummary:
     """Run the workload and write the outputs under `settings.out_dir`.
 
@@ -517,9 +524,11 @@ async def run_stress(
     no longer serve (a server process died) or None. Then the sessions in flight end as `errored` at
     once, rather than each waiting out its timeout against a router that keeps retrying, and no new
     session starts (the summary is then partial: `planned` > `sessions`).
+
+    `on_outcome` hears each session's status as its line is written (an orchestrator's progress display).
     """
     progress = sys.stderr.isatty() if settings.progress is None else settings.progress
-    outputs = _Outputs(settings.out_dir, settings.sessions, progress)
+    outputs = _Outputs(settings.out_dir, settings.sessions, progress, on_outcome)
     started = time.monotonic()
     asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
     try:
@@ -544,11 +553,13 @@ async def run_stress(
 
 
 def run_stress_sync(
-    settings: StressSettings, server_gone: Callable[[], str | None] | None = None
+    settings: StressSettings,
+    server_gone: Callable[[], str | None] | None = None,
+    on_outcome: Callable[[str], None] | None = None,
 ) -> StressSummary:
     """`run_stress` in a fresh event loop (uvloop's where installed: client.loop_factory); Ctrl-C
     writes the partial outputs, then raises KeyboardInterrupt."""
-    return run_sync(run_stress(settings, server_gone))
+    return run_sync(run_stress(settings, server_gone, on_outcome))
 
 
 def format_summary(document: dict[str, Any]) -> str:

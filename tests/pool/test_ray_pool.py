@@ -27,7 +27,7 @@ from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
 from orchestrator.run.lease import Holder, HostLease, hosts_held
 from tests.conftest import POOL_MEMBERS as MEMBERS
-from tests.conftest import free_port, pool_overrides, seed_mlflow_store
+from tests.conftest import free_port, pool_overrides, seed_mlflow_store, sweep_logs
 from tests.pool.ray_head import RAY_ENV, local_ray_head
 from tests.test_study import finish, kill_if_running, no_servers_left
 
@@ -193,11 +193,14 @@ def test_each_round_of_a_sequential_study_is_one_ray_batch_spread_over_the_pool(
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
     rounds = report["stopping"]["rounds"]
     # one launcher batch per round, as the sweeper asked for it
-    assert out.count("Ray launcher: ") == rounds >= 1, out[-3000:]
+    assert sweep_logs(tmp_path / "multirun").count("Ray launcher: ") == rounds >= 1, out[-3000:]
     runs = arm_runs(tmp_path)
     reasons = [r.data.tags.get("failure_reason") for r in runs]
     assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}, (reasons, out[-3000:])
     assert {r.data.tags["lease.by"] for r in runs} == {"ray"}
+    # the terminal followed the arms run in Ray's workers (their progress files): a line per arm ended
+    finished = [line for line in out.splitlines() if line.startswith("arm ") and ": FINISHED, 40/40" in line]
+    assert len(finished) == 4, out[-3000:]
     # Ray spread them: both members ran arms, as the clusters they are
     assert {r.data.tags["cluster_pool.member"] for r in runs} == set(MEMBERS)
     assert {r.data.tags["cluster"] for r in runs} == {"local", "local2-pd1"}
