@@ -38,7 +38,7 @@ from orchestrator.run.preflight import (
     gpu_memory_used,
     host_provenance,
 )
-from orchestrator.run.progress import NO_PROGRESS, ProgressSink
+from orchestrator.run.progress import NO_PROGRESS, TERMINAL, ProgressSink
 from orchestrator.workload.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
 
 log = logging.getLogger("orchestrator")
@@ -333,9 +333,16 @@ def _run_arm(
             f"study {start.study}, arm {start.label} #{start.repetition} (MLflow run {tracker.run_id})"
         )
         work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
+
+        def waiting(message: str) -> None:
+            # a wait on another study's lease reaches the terminal: the display alone would seem stuck
+            log.info(message, extra=TERMINAL)
+            if on_event is not log.info:
+                on_event(message)
+
         try:
             teardown.enter_context(
-                hosts_held(cluster_leases(transports, work_dirs), holder, start.lease, on_event)
+                hosts_held(cluster_leases(transports, work_dirs), holder, start.lease, waiting)
             )
         except LeaseHeld as e:
             tracker.fail(str(e))

@@ -37,7 +37,7 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     collapse,
     repetition_problems,
 )
-from orchestrator.report.console import TERMINAL
+from orchestrator.run.progress import TERMINAL
 from orchestrator.study import designs
 from orchestrator.study.designs import job_repetition
 

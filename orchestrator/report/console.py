@@ -29,13 +29,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.run.progress import ArmProgress, progress_dir, read_progress
+from orchestrator.run.progress import (
+    TERMINAL,  # noqa: F401 - the mark the terminal filter reads
+    ArmProgress,
+    progress_dir,
+    read_progress,
+)
 
 if TYPE_CHECKING:
     from orchestrator.analysis.result import StudyResult
 
 VERBOSE_ENV = "HEISENHUNT_VERBOSE"
-TERMINAL = {"terminal": True}  # `log.info(..., extra=TERMINAL)`: shown on the terminal, not only logged
 DRIVER_LOG = "multirun.log"
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+TERMINAL = {"terminal": True}  # `log.info(..., extra=TERMINAL)`: shown on the terminal, not only logged
+
 PHASES = ("start-up", "stress", "bench", "teardown", "done")
 
 
