@@ -3,7 +3,7 @@
 of the Hydra config.
 
     python scripts/import_graph.py           # the static table (rooms, arrows, arrows back up)
-    python scripts/import_graph.py --walk    # also the config's walk, traced through one real arm
+    python scripts/import_graph.py --walk    # also the config's walks, traced through the main job
 
 Definitions (the same before and after a reorganisation, so the two tables compare):
 - a *module* is a .py file of `orchestrator/` or `hydra_plugins/`; its imports count wherever they sit
@@ -13,12 +13,13 @@ Definitions (the same before and after a reorganisation, so the two tables compa
 - an *arrow* is a pair of rooms where a module of the first imports one of the second;
 - an arrow *runs back up* when it lies on a cycle of rooms (the two rooms reach each other), i.e. no
   layering of the rooms puts every arrow in one direction;
-- the *walk of the Hydra config* is traced through one real arm on the embedded default: every call of a
-  project function that receives the job's config (Hydra's `DictConfig`, or the typed `JobConf` and its
-  nodes) is a step; *files entered* counts the distinct files of those steps; a *climb back up* is a step
-  whose caller holding the config is in another file than the step just before it (the reader returned
-  up the stack, out of that file, and went down again into a third); each pair of files counts once, so
-  the figure does not grow with the number of arms.
+- the *walk of the Hydra config* is traced through the main job on the embedded default (`python -m
+  orchestrator`, shortened: 6 arms of 4 sessions): every call of a project function that receives the
+  config is a step. Two walks: the *whole config* (Hydra's `DictConfig` or the typed `JobConf`), and *any
+  node* of it (also a `StudyConf`, a `HostConf`, a `StressConf`...). *Files entered* counts the distinct
+  files of a walk's steps; a *climb back up* is a step whose caller holding the config is in another file
+  than the step just before it (the reader returned up the stack, out of that file, and went down again
+  into a third); each pair of files counts once, so the figure does not grow with the number of arms.
 
 This file is the one definition of the import graph: tests/test_architecture.py loads it.
 """
@@ -156,9 +157,44 @@ def shape(root: Path = ROOT) -> dict[str, object]:
 # --- the walk of the config, traced through one real arm ------------------------------------------------
 
 
-def trace_config_walk(argv: list[str]) -> dict[str, object]:
+class Walk:
+    """The steps of one walk: project calls whose arguments hold what `holds` accepts."""
+
+    def __init__(self, holds) -> None:
+        self.holds = holds
+        self.steps: list[tuple[int | None, str]] = []  # (the caller step's index, file)
+        self.holding: dict[int, tuple[object, int]] = {}  # id(frame) -> (frame, step index)
+
+    def called(self, frame, values: list[object]) -> None:
+        if not any(self.holds(v) for v in values):
+            return
+        caller = frame.f_back
+        while caller is not None and self.holding.get(id(caller), (None,))[0] is not caller:
+            caller = caller.f_back
+        parent = self.holding[id(caller)][1] if caller is not None else None
+        self.holding[id(frame)] = (frame, len(self.steps))
+        self.steps.append((parent, frame.f_code.co_filename))
+
+    def figures(self) -> dict[str, object]:
+        steps = self.steps
+        climbs = {
+            (steps[i - 1][1], file)
+            for i, (parent, file) in enumerate(steps)
+            if i and parent is not None and parent != i - 1 and steps[parent][1] != steps[i - 1][1] != file
+        }
+        files = sorted({Path(file).resolve() for _parent, file in steps})
+        return {
+            "steps": len(steps),
+            "files entered": len(files),
+            "climbs back up": len(climbs),
+            "files": files,
+        }
+
+
+def trace_config_walk(argv: list[str]) -> dict[str, dict[str, object]]:
     """Run `python -m orchestrator <argv>` in this process and record every project call that receives the
-    job's config (see the module docstring)."""
+    job's config (see the module docstring): `any node` counts every typed node of it (a StudyConf, a
+    HostConf...), `whole config` only Hydra's DictConfig and the typed JobConf."""
     import runpy
     import threading
 
@@ -171,34 +207,27 @@ def trace_config_walk(argv: list[str]) -> dict[str, object]:
         str(ROOT / "hydra_plugins"),
         str(Path(orchestrator.__file__).parent),
     )
-    schema_module = (
-        "orchestrator.config.schema" if (ROOT / "orchestrator/config/schema.py").exists() else None
-    )
-    steps: list[tuple[int, int | None, str, str]] = []  # (frame id, caller step frame id, file, function)
-    holding: dict[int, int] = {}  # frame id -> index in steps
+    schema_modules = ("orchestrator.config.schema", "orchestrator.schema")  # after and before the wings
 
-    def typed(value: object) -> bool:
-        if isinstance(value, DictConfig):
-            return True
-        module = type(value).__module__
-        return module in ("orchestrator.config.schema", schema_module)
+    def any_node(value: object) -> bool:
+        return isinstance(value, DictConfig) or type(value).__module__ in schema_modules
+
+    def whole(value: object) -> bool:
+        return isinstance(value, DictConfig) or (
+            type(value).__name__ == "JobConf" and type(value).__module__ in schema_modules
+        )
+
+    walks = {"any node": Walk(any_node), "whole config": Walk(whole)}
 
     def profile(frame, event, _arg):
-        if event != "call":
-            return
-        filename = frame.f_code.co_filename
-        if not filename.startswith(project):
+        if event != "call" or not frame.f_code.co_filename.startswith(project):
             return
         code = frame.f_code
-        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-        values = frame.f_locals
-        if not any(typed(values.get(n)) for n in names):
-            return
-        caller = frame.f_back
-        while caller is not None and id(caller) not in holding:
-            caller = caller.f_back
-        holding[id(frame)] = len(steps)
-        steps.append((id(frame), holding[id(caller)] if caller is not None else None, filename, code.co_name))
+        values = [
+            frame.f_locals.get(n) for n in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        ]
+        for walk in walks.values():
+            walk.called(frame, values)
 
     sys.argv = ["orchestrator", *argv]
     sys.setprofile(profile)
@@ -210,18 +239,7 @@ def trace_config_walk(argv: list[str]) -> dict[str, object]:
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    climbs = {
-        (steps[i - 1][2], file)
-        for i, (_f, parent, file, _fn) in enumerate(steps)
-        if i and parent is not None and parent != i - 1 and steps[parent][2] != steps[i - 1][2] != file
-    }
-    files = {Path(file).resolve() for _f, _p, file, _fn in steps}
-    return {
-        "steps": len(steps),
-        "files entered": len(files),
-        "climbs back up": len(climbs),
-        "files": sorted(files),
-    }
+    return {name: walk.figures() for name, walk in walks.items()}
 
 
 def main(args: list[str]) -> None:
@@ -231,7 +249,7 @@ def main(args: list[str]) -> None:
         for a, b in arrows_back_up(room_graph(import_graph())):
             print(f"  back up: {a} -> {b}")
     if "--walk" in args:
-        walk = trace_config_walk(
+        walks = trace_config_walk(
             [
                 "workload.sessions=4",
                 "workload.concurrency=4",
@@ -239,14 +257,15 @@ def main(args: list[str]) -> None:
                 "tracking.uri=sqlite:////tmp/walk.db",
                 "report.dir=/tmp/walk-report",
                 "hydra.run.dir=/tmp/walk-run",
-                "hydra/job_logging=disabled",
+                "hydra.sweep.dir=/tmp/walk-sweep",
             ]
         )
-        print(f"{'config walk: files entered':32s} {walk['files entered']}")
-        print(f"{'config walk: climbs back up':32s} {walk['climbs back up']}")
-        if "--verbose" in args:
-            for file in walk["files"]:
-                print(f"  {Path(file).relative_to(ROOT) if Path(file).is_relative_to(ROOT) else file}")
+        for name, walk in walks.items():
+            print(f"{'config walk (' + name + '): files entered':32s} {walk['files entered']}")
+            print(f"{'config walk (' + name + '): climbs back up':32s} {walk['climbs back up']}")
+            if "--verbose" in args:
+                for file in walk["files"]:
+                    print(f"  {Path(file).relative_to(ROOT) if Path(file).is_relative_to(ROOT) else file}")
 
 
 if __name__ == "__main__":
