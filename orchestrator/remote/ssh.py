@@ -969,7 +969,8 @@ class SSHTransport(Transport):
         while True:
             left = _time_left(deadline)  # every round: a command that never stops talking still times out
             drained = _drain(chan, out, err)
-            if chan.closed or (chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready()):
+            # closed is not the end: what arrived before the close may still be in the buffers
+            if _ended(chan):
                 break
             if not drained:
                 _wait_readable(chan, left)
