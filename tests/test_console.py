@@ -24,7 +24,7 @@ from orchestrator.report.console import (
     time_left,
     verdict_lines,
 )
-from orchestrator.run.progress import ArmProgress, ProgressFile, progress_dir, read_progress
+from orchestrator.run.progress import TERMINAL, ArmProgress, ProgressFile, progress_dir, read_progress
 from tests.conftest import local_cluster_overrides, seed_mlflow_store
 from tests.test_report import TYPED
 
@@ -155,7 +155,7 @@ def test_the_terminal_gets_info_only_when_marked_or_verbose(monkeypatch):
         return TerminalInfo().filter(record)
 
     monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
-    assert not shown() and shown(**console.TERMINAL)
+    assert not shown() and shown(**TERMINAL)
     monkeypatch.setenv(console.VERBOSE_ENV, "1")
     assert shown()
     monkeypatch.setenv(console.VERBOSE_ENV, "0")

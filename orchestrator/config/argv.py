@@ -31,9 +31,12 @@ def command_line_searchpath(overrides: Sequence[Any]) -> list[str] | None:
     return None
 
 
-def searchpath_of(overrides: Sequence[Any]) -> list[str]:
-    """`hydra.searchpath=[...]` entries given on the command line (parsed overrides), [] when not given."""
-    return command_line_searchpath(overrides) or []
+def command_line_overrides(args: Sequence[str]) -> list[Any]:
+    """The command line's overrides as Hydra parses them (its own flags, `-m` and the like, left out);
+    Hydra's HydraException when one does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-") and "=" in a])
 
 
 def group_of(override: Any) -> str | None:
@@ -131,14 +134,12 @@ def literal_secret_problems(overrides: Sequence[Any]) -> list[str]:
 
 def command_line_problems(args: Sequence[str]) -> list[str]:
     """Every problem of the command line's overrides (Hydra's own flags, `-m` and the like, are skipped)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     from orchestrator.config import catalog
 
-    words = [a for a in args if not a.startswith("-") and "=" in a]
     try:
-        overrides = OverridesParser.create().parse_overrides(words)
+        overrides = command_line_overrides(args)
     except HydraException:
         return []  # Hydra's own parse error, with its grammar link, says it best
     given = command_line_searchpath(overrides)

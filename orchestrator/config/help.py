@@ -156,16 +156,14 @@ def help_text(
 
 def command_help(args: Sequence[str]) -> str:
     """The page for this command line (its `hydra.searchpath`, if any, adds studies and levels)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
     from orchestrator.config import catalog
-    from orchestrator.config.argv import command_line_searchpath
+    from orchestrator.config.argv import command_line_overrides, command_line_searchpath
 
-    words = [a for a in args if not a.startswith("-") and "=" in a]
     try:
-        given = command_line_searchpath(OverridesParser.create().parse_overrides(words))
+        given = command_line_searchpath(command_line_overrides(args))
     except HydraException:
         given = None  # a help page still, from the config's own search path
     searchpath = catalog.effective_searchpath(given)

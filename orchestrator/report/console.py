@@ -29,12 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.run.progress import (
-    TERMINAL,  # noqa: F401 - the mark the terminal filter reads
-    ArmProgress,
-    progress_dir,
-    read_progress,
-)
+from orchestrator.run.progress import ArmProgress, progress_dir, read_progress
 
 if TYPE_CHECKING:
     from orchestrator.analysis.result import StudyResult
