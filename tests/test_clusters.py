@@ -11,8 +11,9 @@ import pytest
 from scipy import stats as sps
 
 from orchestrator import analysis
-from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, clusters, stats
+from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, stats
 from orchestrator.analysis.result import StudyResult, to_json
+from orchestrator.analysis.runs import placement_of
 from orchestrator.report.render import clusters_section, dumps, duration, render_markdown
 
 BASE = {"hicache": "on", "multi_stream": "on"}
@@ -95,14 +96,14 @@ def test_placement_keeps_the_cluster_and_lease_tags_only():
         "failure_reason": "holder gone",
         "provenance.decode.host": "h",
     }
-    assert clusters.placement_of(tags) == {
+    assert placement_of(tags) == {
         "cluster": "local2-pd1",
         "cluster_pool": "local2",
         "cluster_pool.member": "pd1",
         "lease.lost": "holder gone",
         "lease.start": "2026-12-01T10:00:00.000001+00:00",
     }
-    assert clusters.placement_of({"signature": "abc"}) == {}
+    assert placement_of({"signature": "abc"}) == {}
 
 
 # --- the section ------------------------------------------------------------------------------------

@@ -42,7 +42,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.analysis import stats
-from orchestrator.analysis.runs import placement_of  # noqa: F401 - where a run ran, read with its clusters
 from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 UNKNOWN = "unknown"
