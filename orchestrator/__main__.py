@@ -28,6 +28,7 @@ from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_ar
 from orchestrator.config.load import CONF_DIR, load_job
 from orchestrator.config.redact import redact_text
 from orchestrator.config.schema import JobConf
+from orchestrator.run.interrupts import honour_interrupts
 from orchestrator.run.lease import LeaseHeld
 from orchestrator.run.local_checks import check_local_side
 from orchestrator.run.preflight import PreflightError
@@ -203,6 +204,7 @@ def cli() -> None:
     # MLflow's own stderr handler would bypass the log files: its records go through ours
     os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     try:
+        honour_interrupts()  # in every phase, even when SIGINT was inherited ignored (run/interrupts.py)
         main()
     except KeyboardInterrupt as e:
         console.stop_display()  # the terminal restored before anything is printed

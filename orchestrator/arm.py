@@ -39,6 +39,7 @@ from orchestrator.run.preflight import (
     host_provenance,
 )
 from orchestrator.run.progress import NO_PROGRESS, TERMINAL, ProgressSink
+from orchestrator.workload.client import INTERRUPT_SIGNALS
 from orchestrator.workload.decode_load import DecodeLoad, DecodeLoadMonitor, planned_concurrency
 
 log = logging.getLogger("orchestrator")
@@ -229,7 +230,7 @@ class InterruptGuard:
     held and raised once the arm is recorded (`raise_pending`), so it still stops the sweep.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = INTERRUPT_SIGNALS
 
     def __init__(self) -> None:
         self.fired = False

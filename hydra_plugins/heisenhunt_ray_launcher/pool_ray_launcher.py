@@ -65,6 +65,9 @@ class PoolRayLauncher(Launcher):
         if not init.get("address"):  # a Ray started here: as Hydra's launcher, small for CI machines
             init.setdefault("object_store_memory", 78643200)
         start_ray(OmegaConf.create(init))
+        from orchestrator.run.interrupts import honour_interrupts
+
+        honour_interrupts()  # ray.init made SIGTERM a sys.exit, which would skip cancelling the jobs
         remote = self._remote_options()
         log.info("Ray launcher: %d jobs", len(job_overrides))
         jobs: dict[Any, tuple] = {}

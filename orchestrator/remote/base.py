@@ -13,6 +13,7 @@ in a `finally` (it is a context manager).
 
 from __future__ import annotations
 
+import enum
 import shlex
 import time
 from abc import ABC, abstractmethod
@@ -67,6 +68,59 @@ def detached_command(
 
 def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+
+
+class Liveness(enum.Enum):
+    ALIVE = "alive"
+    GONE = "gone"  # no process of the group is left (zombies aside)
+    RECYCLED = "recycled"  # the group is gone and its leader's pid now names another process
+
+
+@dataclass(frozen=True)
+class GroupLook:
+    """What one look at a process group saw on its host."""
+
+    kernel_knows: bool  # `kill -0 -PGID` found a process in the group (or was refused one: EPERM)
+    live: int  # non-zombie members `ps` listed
+    zombies: int  # zombie members `ps` listed
+    leader_started: str  # `ps -o lstart=` of the pid PGID ('' when no such process)
+
+
+def liveness_command(pgid: int) -> str:
+    """One POSIX shell line that prints a `GroupLook` of group `pgid` (parsed by `parse_group_look`):
+    the kernel's answer to a signal 0 sent to the group, the members `ps` lists, the leader's start."""
+    g = int(pgid)
+    if g <= 1:
+        raise ValueError(f"refusing to look at process group {g}")
+    return (
+        f"k=$(LC_ALL=C kill -0 -{g} 2>&1) && echo KNOWN || "
+        f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}; '
+        f"ps -e -o pgid=,stat= | awk '$1 == {g} {{ if ($2 ~ /^Z/) z++; else l++ }} "
+        f"END {{ print l + 0; print z + 0 }}'; "
+        f"ps -o lstart= -p {g}; true"
+    )
+
+
+def parse_group_look(stdout: str) -> GroupLook:
+    lines = stdout.splitlines()
+    if len(lines) < 3 or lines[0] not in ("KNOWN", "UNKNOWN"):
+        raise TransportError(f"unexpected answer to a process-group look: {stdout!r}")
+    leader = lines[3].strip() if len(lines) > 3 else ""
+    return GroupLook(lines[0] == "KNOWN", int(lines[1]), int(lines[2]), leader)
+
+
+def judge_liveness(look: GroupLook, started_at: str = "") -> Liveness:
+    """Alive or gone, from one look (pure). The kernel is the authority on "gone": `ps` walks /proc and
+    was seen to miss a live router on a loaded machine, so a group `ps` does not list is gone only when
+    the kernel agrees, or when `ps` lists its members and all are zombies. A leader alive under another
+    start time is a recycled pid: Linux never reuses a pid while its group has members, so ours is gone."""
+    if look.leader_started and started_at and look.leader_started != started_at:
+        return Liveness.RECYCLED
+    if not look.kernel_knows:
+        return Liveness.GONE
+    if look.live == 0 and look.zombies > 0:
+        return Liveness.GONE
+    return Liveness.ALIVE
 
 
 class Transport(ABC):
@@ -140,27 +194,40 @@ class Transport(ABC):
         """The process's start time as `ps -o lstart=` prints it ('' when it is gone)."""
         return self.run_shell(f"ps -o lstart= -p {int(pid)}", timeout=15.0).stdout.strip()
 
-    def group_alive(self, pgid: int) -> bool:
-        """True if any non-zombie process is left in process group `pgid`."""
-        result = self.run_shell(
-            f"ps -e -o pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/' ", timeout=15.0
-        )
-        return bool(result.stdout.strip())
+    def group_liveness(self, pgid: int, started_at: str = "") -> Liveness:
+        """Whether process group `pgid` (started at `started_at`, as its pid file records it) still runs:
+        the one liveness check of every transport, read by one shell line (`liveness_command`) and judged
+        by `judge_liveness`, which never calls a live group gone."""
+        result = self.run_shell(liveness_command(pgid), timeout=15.0)
+        if result.returncode != 0:
+            raise TransportError(f"on {self.host}: could not look at process group {pgid}: {result.stderr}")
+        return judge_liveness(parse_group_look(result.stdout), started_at)
 
-    def stop_group(self, pgid: int, grace_s: float = 10.0, poll_s: float = 0.1) -> bool:
-        """TERM the process group, wait up to `grace_s`, then KILL. Returns True if it had to KILL."""
+    def group_alive(self, pgid: int, started_at: str = "") -> bool:
+        """True while any non-zombie process of group `pgid` runs (and, given `started_at`, while its
+        leader is that process and not a recycled pid)."""
+        return self.group_liveness(pgid, started_at) is Liveness.ALIVE
+
+    def stop_group(
+        self, pgid: int, grace_s: float = 10.0, poll_s: float = 0.1, started_at: str = ""
+    ) -> bool:
+        """TERM the process group, wait up to `grace_s`, then KILL. Returns True if it had to KILL. Only a
+        group the kernel says is gone ends the wait early (`group_liveness`): a look that merely missed
+        it cannot skip the KILL."""
         pgid = int(pgid)
         if pgid <= 1:
             raise ValueError(f"refusing to signal process group {pgid}")
+        if started_at and not self.group_alive(pgid, started_at):
+            return False  # gone, or its pid now names another process: nothing of ours to signal
         self.run_shell(f"kill -TERM -{pgid} 2>/dev/null; true", timeout=15.0)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if not self.group_alive(pgid):
+            if not self.group_alive(pgid, started_at):
                 return False
             time.sleep(poll_s)
         self.run_shell(f"kill -KILL -{pgid} 2>/dev/null; true", timeout=15.0)
         kill_deadline = time.monotonic() + 5.0
-        while self.group_alive(pgid) and time.monotonic() < kill_deadline:
+        while self.group_alive(pgid, started_at) and time.monotonic() < kill_deadline:
             time.sleep(poll_s)
         return True
 

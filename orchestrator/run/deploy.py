@@ -119,9 +119,9 @@ class Deployment:
         pid, started_at = self.pid_file(role)
         if pid is None and role in self.started:  # the pid file went missing: what this arm started
             pid, started_at = self.started[role], self.started_at.get(role, "")
-        if pid and transport.group_alive(pid) and self._is_ours(role, pid, started_at):
+        if pid and self._is_ours(role, pid, started_at) and transport.group_alive(pid, started_at):
             self.on_event(f"stopping {role} (pgid {pid})")
-            killed = transport.stop_group(pid, grace_s=self.plan.stop_grace_s)
+            killed = transport.stop_group(pid, grace_s=self.plan.stop_grace_s, started_at=started_at)
             if killed:
                 log.warning("%s did not stop within %ss of SIGTERM; killed", role, self.plan.stop_grace_s)
         transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
@@ -199,10 +199,6 @@ class Deployment:
         pending = dict(launched)
         healthy: dict[str, float] = {}
         last = dict.fromkeys(pending, "no answer yet")
-        # a role is taken for dead only when two looks a poll apart find its group gone: one `ps` was
-        # seen to miss a router that went on to serve (a loaded 2-core machine, under Ray), and the arm
-        # failed for it
-        gone_once: set[str] = set()
         while pending:
             for role, t0 in list(pending.items()):
                 plan = self.plan.roles[role]
@@ -211,13 +207,9 @@ class Deployment:
                     healthy[role] = time.monotonic() - t0
                     del pending[role]
                     continue
-                if self.transports[role].group_alive(self.started[role]):
-                    gone_once.discard(role)
-                elif role in gone_once:
+                if not self.alive(role):
                     reason = f"exited before becoming healthy ({plan.health_url}: {last[role]})"
                     raise DeployError(role, reason, self.log_tail(role))
-                else:
-                    gone_once.add(role)
                 if time.monotonic() - t0 > plan.startup_timeout_s:
                     raise DeployError(
                         role,
@@ -264,10 +256,14 @@ class Deployment:
     def dead_role(self) -> str | None:
         """The first role whose server, started for this arm, is no longer running (None: all alive)."""
         for role in START_ORDER:
-            pid = self.started.get(role)
-            if pid is not None and not self.transports[role].group_alive(pid):
+            if role in self.started and not self.alive(role):
                 return role
         return None
+
+    def alive(self, role: str) -> bool:
+        """The server this arm started for `role` still runs (the transports' one liveness check: pid and
+        start time, never a live group taken for gone)."""
+        return self.transports[role].group_alive(self.started[role], self.started_at.get(role, ""))
 
     def pid_file(self, role: str) -> tuple[int | None, str]:
         """(pid, start time) as the role's pid file names them now ((None, '') without one)."""

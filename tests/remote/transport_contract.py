@@ -148,6 +148,48 @@ class TransportContract:
             for p in _pgid_members(pid):
                 os.kill(p, 9)
 
+    def test_a_ps_that_misses_the_group_cannot_skip_the_kill(
+        self, transport: Transport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Issue 32: one `ps` was seen to miss a live router; `stop_group` then took it for gone after
+        the TERM and returned without the KILL. Here `ps` misses every process, always (a shim first on
+        the PATH the host's shell uses, an honest fake of that miss): the kernel still knows the group,
+        so the stop waits out its grace and KILLs."""
+        script = "trap '' TERM; sleep 300 & sleep 300"
+        pid = transport.start_detached(["sh", "-c", script], {}, str(tmp_path / "l"), str(tmp_path / "p"))
+        try:
+            deadline = time.monotonic() + 10
+            while len(_pgid_members(pid)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            started = transport.start_time(pid)
+            shim = tmp_path / "bin"
+            shim.mkdir()
+            (shim / "ps").write_text("#!/bin/sh\nexit 0\n")
+            (shim / "ps").chmod(0o755)
+            monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+            if transport.run_shell("command -v ps").stdout.strip() != str(shim / "ps"):
+                pytest.skip("this transport's shell does not take the test's PATH")
+            assert transport.group_alive(pid, started)
+            assert transport.stop_group(pid, grace_s=0.5, started_at=started) is True
+            assert _pgid_members(pid) == []
+            assert not transport.group_alive(pid)
+        finally:
+            for p in _pgid_members(pid):
+                os.kill(p, 9)
+
+    def test_a_recycled_leader_is_not_ours(self, transport: Transport, tmp_path: Path) -> None:
+        """A pid file's start time that is not the running leader's: the group it named is gone (Linux
+        never reuses a pid while its group has members), and the process now under that pid is left alone."""
+        pid = transport.start_detached(["sleep", "300"], {}, str(tmp_path / "l"), str(tmp_path / "p"))
+        try:
+            assert transport.group_alive(pid, transport.start_time(pid))
+            assert not transport.group_alive(pid, "Mon Jan  1 00:00:00 2001")
+            assert transport.stop_group(pid, grace_s=5, started_at="Mon Jan  1 00:00:00 2001") is False
+            assert _pgid_members(pid) == [pid]  # not signalled
+        finally:
+            for p in _pgid_members(pid):
+                os.kill(p, 9)
+
     def test_refuses_to_signal_group_one(self, transport: Transport) -> None:
         with pytest.raises(ValueError):
             transport.stop_group(1)
