@@ -1,10 +1,11 @@
 """The corruption oracle: pure, named detectors over one streamed assistant turn.
 
 Each detector takes the turn (and, for the plan check, the call the task expects this round) and
-returns a one-line reason when it fires, None when it does not. `check_turn` runs them in a fixed
-order and returns the first that fires as a `Finding`. Only what the server *said* is judged here:
-transport failures never reach the oracle (the client raises them), so `errored` is never
-`corrupted`.
+returns a one-line reason when it fires, None when it does not. Several may fire on one turn (a
+decoding loop that crowded out the call is also a missing call): the turn's kind is the one of them
+that comes first in `DETECTORS`, their precedence (`kind_of`), and `check_turn` returns it as a
+`Finding`. Only what the server *said* is judged here: transport failures never reach the oracle (the
+client raises them), so `errored` is never `corrupted`.
 
 Structural detectors (everything but `wrong_call`) hold for any healthy tool-calling model on this
 workload, whatever it decides to do: they must never fire on a healthy server. `wrong_call` ("lost
@@ -26,8 +27,9 @@ and reasons are those of the straightforward detectors, each of which still work
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from numbers import Number
@@ -68,12 +70,20 @@ _LEAKED_CALL = re.compile(
     r"|\{\s*\"(?:name|function)\"\s*:\s*\"[A-Za-z_][\w.-]*\"\s*,\s*\"(?:arguments|parameters)\"\s*:",
 )
 
-# Degenerate repetition: a unit of up to 200 characters repeated back to back, at least
-# MIN_REPEATS times and MIN_SPAN characters in all, whose unit holds a letter or digit (so rules
-# like "-----" or indentation are not repetition).
+# Degenerate repetition (a decoding loop), either of two shapes; in both the unit is at most MAX_UNIT
+# characters and holds a letter or digit (so rules like "-----" or indentation are not repetition).
+# - A run, in any text: the unit back to back at least MIN_REPEATS times and MIN_SPAN characters in all.
+# - A loop in place of the call: in a turn without a tool call, a content or reasoning that ends in the
+#   unit repeated back to back at least LOOP_MIN_REPEATS times, over at least LOOP_MIN_SHARE of it. A
+#   small max_tokens cuts a loop before it is a run ('search( top_k top_k top_k top_'); the turn is
+#   corrupted either way (no call), so this only decides its kind, never whether it is clean. A loop
+#   runs until max_tokens stops it, hence "ends in"; most of the text, so that a sentence ending on a
+#   repeated word is not one; three copies, since a word twice is ordinary text.
 MIN_REPEATS = 10
 MIN_SPAN = 80
 MAX_UNIT = 200
+LOOP_MIN_REPEATS = 3
+LOOP_MIN_SHARE = 0.5
 _ALNUM = re.compile(r"[^\W_]")
 
 
@@ -204,7 +214,8 @@ def _view_control_chars(view: _View) -> str | None:
 
 
 def degenerate_repetition(turn: StreamedTurn) -> str | None:
-    """A short unit repeated back to back many times (a decoding loop)."""
+    """A decoding loop: a short unit repeated back to back, a run in any text or, in a turn without a
+    call, the loop its content or reasoning ends in."""
     return _view_degenerate_repetition(_View(turn))
 
 
@@ -214,6 +225,37 @@ def _view_degenerate_repetition(view: _View) -> str | None:
         if found is not None:
             start, period, span = found
             return f"{where}: {text[start : start + period][:40]!r} repeated {span // period} times"
+    turn = view.turn
+    if turn.tool_calls:
+        return None
+    for where, text in (("content", turn.content), ("reasoning", turn.reasoning)):
+        found = looping_tail(text)
+        if found is not None:
+            start, period, span = found
+            unit = text[start : start + period][:40]
+            return f"{where}: {unit!r} repeated {span // period} times to its end, no tool call"
+    return None
+
+
+def looping_tail(text: str) -> tuple[int, int, int] | None:
+    """(start, unit length, span) of the loop `text` ends in: the shortest unit of at most MAX_UNIT
+    characters, holding a letter or digit, back to back at least LOOP_MIN_REPEATS times up to the end
+    and over at least LOOP_MIN_SHARE of the text (the span is the whole periodic tail); None if none.
+
+    The last m characters repeat a unit of p exactly when they equal themselves shifted by p; a unit
+    length p is only compared where the last character recurs p before it."""
+    n = len(text)
+    share = math.ceil(n * LOOP_MIN_SHARE)
+    for p in range(1, min(MAX_UNIT, n // LOOP_MIN_REPEATS) + 1):
+        if text[n - 1 - p] != text[n - 1]:
+            continue
+        start = n - max(p * LOOP_MIN_REPEATS, share)
+        if text[start : n - p] == text[start + p :] and _ALNUM.search(text[n - p :]):
+            while start >= p and text[start - p : start] == text[start : start + p]:
+                start -= p  # the whole tail, for the reason: a unit at a time, then a character
+            while start > 0 and text[start - 1] == text[start - 1 + p]:
+                start -= 1
+            return start, p, n - start
     return None
 
 
@@ -556,7 +598,14 @@ def _view_wrong_call(view: _View, expected: ToolCall | None) -> str | None:
 
 # --- the oracle -----------------------------------------------------------------------------
 
-#: Structural detectors in the order they are tried: the first that fires names the turn's fault.
+#: The structural detectors, in precedence (the order of DETECTORS, which ends with wrong_call): a turn
+#: on which several fire is of the first kind (`kind_of`). A kind comes before the kinds it explains, the
+#: most basic fault first: a stream cut short leaves anything after the cut broken; bytes that are not
+#: text break names and JSON; a decoding loop crowds out the call, keeps its arguments from closing, or
+#: loops on call syntax; call syntax leaked as text leaves no call; then a call that is there but broken
+#: (not JSON, so neither tool nor schema can be judged; an unknown tool, so no schema to judge by; its
+#: schema broken); a missing call is the bare symptom, named only when nothing above explains it; a
+#: valid call that is not the plan's (checked only where a study asks) comes last.
 STRUCTURAL: tuple[tuple[str, Callable[[StreamedTurn], str | None]], ...] = (
     ("truncated_stream", truncated_stream),
     ("invalid_utf8", invalid_utf8),
@@ -612,10 +661,19 @@ def family_problems(where: str, families: object) -> list[str]:
     return []
 
 
+def kind_of(fired: Iterable[str]) -> str | None:
+    """The kind of a turn on which the detectors named in `fired` fire: the first of them in DETECTORS,
+    whatever order they were tried in (None: none fired). check_turn tries them in that order and
+    stops at the first that fires, which is the same."""
+    ranks = [DETECTORS.index(name) for name in fired]
+    return DETECTORS[min(ranks)] if ranks else None
+
+
 def check_turn(
     turn: StreamedTurn, expected: ToolCall | None = None, check_plan: bool = False
 ) -> Finding | None:
-    """The first detector that fires on `turn`, or None for a healthy turn.
+    """The finding of the turn's kind (`kind_of` the detectors that fire on it), or None for a healthy
+    turn: the detectors are tried in precedence, so the first that fires is that kind.
 
     `expected` is the call the task expects this round (Task.expected(round)); it is only used when
     `check_plan` is true.
@@ -629,8 +687,8 @@ def check_turn(
     if texts is not None:
         if not _SUSPECT.search("\n".join(text for _, text in texts)):
             skip.update((invalid_utf8, control_chars))  # no character either hygiene check looks for
-        if all(len(text) < MIN_SPAN for _, text in texts):
-            skip.add(degenerate_repetition)  # too short to hold a run
+        if turn.tool_calls and all(len(text) < MIN_SPAN for _, text in texts):
+            skip.add(degenerate_repetition)  # too short to hold a run, and a call: no loop in its place
     for name, detector in STRUCTURAL:
         if detector in skip:
             continue
