@@ -117,6 +117,7 @@ def run_on_cluster(
 ) -> dict[str, Any]:
     """Run the job's prepared arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
     from orchestrator.remote import make_transports
+    from orchestrator.run import orphans
     from orchestrator.run import pool as cluster_pool
     from orchestrator.tracking.write import ArmTracker, parent_run_id
 
@@ -131,7 +132,8 @@ def run_on_cluster(
     transports = make_transports({role: rp.host for role, rp in step.plan.roles.items()})
     parent = parent_run_id(job.parent_run_id, job.sweep_dir)
     tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent)
-    placement = {"cluster": job.cluster.name}
+    # the process that owns the run, so a later sweep can end it if this one is killed (run/orphans.py)
+    placement = {"cluster": job.cluster.name, **orphans.process_tag(f"arm {step.label} #{step.repetition}")}
     if hold is not None:
         hold.record_run(tracker.run_id)
         placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)

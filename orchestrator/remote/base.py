@@ -48,7 +48,8 @@ def detached_command(
     stdout+stderr appended to `log_path`, stdin from /dev/null, writes the pid and its start time to
     `pid_path` (two lines) and prints the pid. The process survives the shell (and the SSH channel)
     that started it. The start time tells a later run whether the pid was recycled, so a pid file is
-    never written without one: a process already gone leaves none (there is nothing to stop)."""
+    never written without one: a process already gone leaves none (there is nothing to stop). A process
+    whose pid file cannot be written is killed before the line fails."""
     if not argv:
         raise ValueError("empty command")
     launch = command_line(argv, env)
@@ -62,7 +63,10 @@ def detached_command(
         f"mkdir -p {parent} {pid_parent} || exit 1; {cd}"
         f"setsid nohup {launch} >>{log} 2>&1 </dev/null & "
         f'p=$!; t=$(ps -o lstart= -p "$p"); '
-        f'if [ -n "$t" ]; then printf "%s\\n%s\\n" "$p" "$t" >{pid} || exit 1; fi; echo "$p"'
+        f'if [ -n "$t" ]; then printf "%s\\n%s\\n" "$p" "$t" >{pid} '
+        # a server whose pid file cannot be written (a full disk) is stopped at once: nothing could
+        # ever find it again to stop it
+        f'|| {{ kill -KILL -"$p" 2>/dev/null; rm -f {pid}; echo "cannot write {pid}" >&2; exit 1; }}; fi; echo "$p"'
     )
 
 
@@ -208,9 +212,7 @@ class Transport(ABC):
         leader is that process and not a recycled pid)."""
         return self.group_liveness(pgid, started_at) is Liveness.ALIVE
 
-    def stop_group(
-        self, pgid: int, grace_s: float = 10.0, poll_s: float = 0.1, started_at: str = ""
-    ) -> bool:
+    def stop_group(self, pgid: int, grace_s: float = 10.0, poll_s: float = 0.1, started_at: str = "") -> bool:
         """TERM the process group, wait up to `grace_s`, then KILL. Returns True if it had to KILL. Only a
         group the kernel says is gone ends the wait early (`group_liveness`): a look that merely missed
         it cannot skip the KILL."""

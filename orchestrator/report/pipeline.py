@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -133,9 +134,14 @@ class StudyCallback(Callback):
         resume = bool(config.get("resume"))
 
         def open_run() -> str:
+            from orchestrator.run import orphans
+
+            # runs of this study a killed orchestrator left RUNNING are ended first, saying so
+            orphans.end_orphaned_runs(uri, study.name, socket.gethostname(), by=f"the sweep in {sweep_dir}")
             run_id = _write().start_study_run(
                 tracking_conf, study, sweep_dir, design, overrides, conditions=conditions, resume=resume
             )
+            _write().tag_run(uri, run_id, orphans.process_tag(f"study {study.name}, sweep {sweep_dir}"))
             self._saved_env = os.environ.get(_write().PARENT_ENV)
             os.environ[_write().PARENT_ENV] = run_id
             atexit.register(self._abandoned)

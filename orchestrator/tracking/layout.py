@@ -47,6 +47,8 @@ CORRUPTED, SESSIONS, RATE = "arm.corrupted", "arm.sessions", "arm.rate"
 PARENT_ENV = "HEISENHUNT_PARENT_RUN_ID"
 PARENT_FILE = Path(".heisenhunt") / "parent_run_id"
 KIND = "heisenhunt.kind"
+# the process that owns a RUNNING run: host, pid, its start time (run/orphans.py)
+PROCESS_TAG = "heisenhunt.process"
 MAX_TAG = 7900  # MLflow's tag value limit is 8000
 MAX_PARAM = 5900  # and 6000 for params
 PARENT_TAG = "mlflow.parentRunId"

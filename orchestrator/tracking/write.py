@@ -172,9 +172,9 @@ def _flatten(prefix: str, node: Any) -> dict[str, str]:
 # --- parent run: the study callback ----------------------------------------------------------------
 
 
-def end_run_refused(uri: str, run_id: str, reason: str) -> None:
-    """End a run FAILED now with its (already redacted) reason: the sweep was refused before any job ran,
-    and MLflow shows why the parent run is empty."""
+def end_run_failed(uri: str, run_id: str, reason: str) -> None:
+    """End a run FAILED now with its (already redacted) reason: a sweep refused before any job ran (MLflow
+    shows why the parent run is empty), or a run whose orchestrator died (run/orphans.py)."""
     client = make_client(uri)
     client.set_tag(run_id, "failure_reason", reason[:MAX_TAG])
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))

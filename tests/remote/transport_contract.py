@@ -34,6 +34,20 @@ DUMP_ENV_TO_FILE = (
 )
 
 
+def _running_with(marker: str) -> list[int]:
+    """Live pids whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in entry.read_bytes():
+                state = (entry.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(entry.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def _pgid_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids of process group `pgid`, read from /proc on this machine."""
     members = []
@@ -176,6 +190,26 @@ class TransportContract:
         finally:
             for p in _pgid_members(pid):
                 os.kill(p, 9)
+
+    def test_a_server_whose_pid_file_cannot_be_written_is_not_left_running(
+        self, transport: Transport, tmp_path: Path
+    ) -> None:
+        """Found by the fault campaign (bench/fault_campaign.py, a full disk at start-up): the server
+        started, its pid file could not be written, and nothing could ever find it to stop it; its port
+        stayed taken for every later arm. Here the pid file's path is a directory, so the write fails."""
+        marker = f"hh-unwritable-{os.getpid()}-{time.monotonic_ns()}"
+        (tmp_path / "pid-is-a-dir").mkdir()
+        with pytest.raises(TransportError, match="cannot write"):
+            transport.start_detached(
+                ["sh", "-c", f"sleep 300; : {marker}"],
+                {},
+                str(tmp_path / "l"),
+                str(tmp_path / "pid-is-a-dir"),
+            )
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _running_with(marker):
+            time.sleep(0.05)
+        assert not _running_with(marker)
 
     def test_a_recycled_leader_is_not_ours(self, transport: Transport, tmp_path: Path) -> None:
         """A pid file's start time that is not the running leader's: the group it named is gone (Linux
