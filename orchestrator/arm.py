@@ -348,6 +348,12 @@ def _run_arm(
         except LeaseHeld as e:
             tracker.fail(str(e))
             raise
+        except Exception as e:  # a host that cannot record the lease (its disk full): this arm failed, and
+            # nothing was stopped or started, since the cluster is not provably this arm's
+            reason = f"could not take the cluster's lease: {type(e).__name__}: {e}"
+            log.error("arm %s failed: %s", start.label, reason)
+            tracker.fail(reason)
+            return _summary(start, tracker.run_id, "FAILED", reason), guard
         deployment = Deployment(
             plan, transports, run_label=start.log_label(tracker.run_id), on_event=on_event
         )
@@ -366,15 +372,18 @@ def _run_arm(
             log.exception("arm %s failed", start.label)
             tracker.fail(f"{type(e).__name__}: {e}")
             status, reason = "FAILED", f"{type(e).__name__}: {e}"
-    summary = {
+    return _summary(start, tracker.run_id, status, reason), guard
+
+
+def _summary(start: ArmStart, run_id: str, status: str, reason: str) -> dict[str, Any]:
+    return {
         "status": status,
-        "signature": plan.signature,
+        "signature": start.plan.signature,
         "repetition": start.repetition,
         "arm": start.label,
-        "run_id": tracker.run_id,
+        "run_id": run_id,
         "reason": reason,
     }
-    return summary, guard
 
 
 def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tracker) -> Expected:

@@ -3,6 +3,7 @@ waits that name the holder, stale leases of dead holders taken over, and two who
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -16,6 +17,7 @@ import pytest
 from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
 from orchestrator.run.lease import (
+    LEASE_DIR,
     Holder,
     HostLease,
     LeaseHeld,
@@ -162,3 +164,30 @@ def test_two_studies_started_at_once_on_one_cluster_both_finish_and_leave_nothin
     assert any("is held by study quick" in out for out in outs.values()), outs["second"][-3000:]
     assert not no_servers_left(tmp_path)
     assert not any(tmp_path.glob("*/lease"))
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A work dir on a tiny tmpfs of its own, filled up (needs permission to mount)."""
+    mount = tmp_path / "tight"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (mount / "work").mkdir()
+        with contextlib.suppress(OSError):  # full, as wanted
+            (mount / "filler").write_bytes(b"\0" * (1 << 20))
+        yield mount / "work"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_a_lease_that_cannot_be_written_is_not_left_behind(full_disk):
+    """Found by the fault campaign (`python bench/fault_campaign.py --replay 1550730039`: the hosts' disk
+    full at an arm's start): the lease dir was made, its holder record could not be written, and the
+    half-made lease then blocked every later taker, the campaign's resume included. Now the take fails
+    (OSError, which the arm records as its failure) and leaves nothing."""
+    lease = HostLease(LocalTransport(), str(full_disk))
+    with pytest.raises(OSError, match="lease on"):
+        lease.try_take(Holder.this_process("a study"))
+    assert not (full_disk / LEASE_DIR).exists()

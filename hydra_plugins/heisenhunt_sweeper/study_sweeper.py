@@ -298,8 +298,8 @@ class StudySweeper(BasicSweeper):
         if not run_id:
             return
         from orchestrator.config.redact import redact_text
-        from orchestrator.tracking.write import end_run_refused  # MLflow: only where a run is to be ended
+        from orchestrator.tracking.write import end_run_failed  # MLflow: only where a run is to be ended
 
         secrets = {name: value for _, plan in planned for name, value in plan.secrets.items()}
         assert self.config is not None
-        end_run_refused(str(self.config.tracking.uri), run_id, redact_text(reason, secrets))
+        end_run_failed(str(self.config.tracking.uri), run_id, redact_text(reason, secrets))

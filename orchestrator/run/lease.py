@@ -123,7 +123,8 @@ class HostLease:
         line = (
             f"mkdir -p {shlex.quote(self.work_dir)} || exit 3; "
             f"if mkdir {d} 2>/dev/null; then printf '%s\\n' {info} >{d}/holder.json && touch {d}/heartbeat "
-            f"&& echo TAKEN; exit 0; fi; "
+            # a lease that cannot say whose it is (a full disk) is not left behind to block every taker
+            f"&& echo TAKEN && exit 0; rm -rf {d}; exit 4; fi; "
             # re-entrant: a holder that took it already (a pool pick, then the arm) has it
             f"grep -q {shlex.quote(holder.id)} {d}/holder.json 2>/dev/null && touch {d}/heartbeat "
             f"&& echo TAKEN && exit 0; "

@@ -1,0 +1,71 @@
+"""The fault campaign (bench/fault_campaign.py) in small: a few short studies on the embedded default, one
+fault per arm at a random moment of a random phase, and every invariant checked over the whole history.
+The bench runs hundreds (its numbers are in the closing note of issue 32); here a few, every CI run, with
+fixed seeds so that a failure names the episode to replay (`python bench/fault_campaign.py --replay SEED`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("fault_campaign", ROOT / "bench" / "fault_campaign.py")
+assert _spec is not None and _spec.loader is not None
+fault_campaign = importlib.util.module_from_spec(_spec)
+sys.modules["fault_campaign"] = fault_campaign
+_spec.loader.exec_module(fault_campaign)
+explained, campaign, COUNTS, KINDS = (
+    fault_campaign.explained,
+    fault_campaign.campaign,
+    fault_campaign.COUNTS,
+    fault_campaign.KINDS,
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "phase", "status", "reason", "ok"),
+    [
+        (None, "", "FINISHED", "", True),
+        # an arm that got no fault and failed: the campaign's whole point is to see these
+        (None, "", "FAILED", "decode: died during the stress workload", False),
+        ("kill_decode", "stress", "FAILED", "decode: died during the stress workload; sessions ...", True),
+        ("kill_router", "health gate", "FAILED", "router: exited before becoming healthy (...)", True),
+        # a server killed mid-stress and an arm that still FINISHED: the death went unnoticed
+        ("kill_decode", "stress", "FINISHED", "", False),
+        ("kill_decode", "teardown", "FINISHED", "", True),
+        ("sigint", "stress", "KILLED", "interrupted (signal 2)", True),
+        ("sigint_twice", "stress", "FINISHED", "", False),  # the second Ctrl-C that ended FINISHED
+        ("sigkill", "stress", "RUNNING", "", False),
+        (
+            "sigkill",
+            "stress",
+            "FAILED",
+            "its orchestrator process (arm x (orchestrator pid 1 on h)) died",
+            True,
+        ),
+        ("store_locked", "stress", "FAILED", "OperationalError: database is locked", True),
+        ("store_locked", "stress", "KILLED", "interrupted", False),
+        ("worker_kill", "stress", "FAILED", "its Ray worker was lost: ...", True),
+    ],
+)
+def test_what_explains_a_runs_end(kind, phase, status, reason, ok):
+    assert explained(kind, phase, status, reason) is ok
+
+
+def test_every_kind_has_a_rule_and_phases():
+    for kind, spec in KINDS.items():
+        assert spec.phases and set(spec.phases) <= set(fault_campaign.PHASES), kind
+        explained(kind, spec.phases[0], "FAILED", "")  # raises for a kind without a rule
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cluster", "seed"), [("local", 32), ("ssh", 33)])
+def test_a_small_campaign_breaks_no_invariant(cluster, seed):
+    summary = campaign(cluster, faults=6, seed=seed, arms=4, progress=lambda line: None)
+    assert summary["faults_injected"] >= 6
+    broken = {name: summary[name] for name in COUNTS if summary[name]}
+    assert not broken, summary["failures"]
