@@ -144,7 +144,7 @@ def explained(kind: str | None, phase: str, status: str, reason: str) -> bool:
     if kind == "store_locked":
         return status == "FINISHED" or failed(r"database is locked")
     if kind == "disk_full":
-        return status == "FINISHED" or failed(r"No space left|" + DEATH)
+        return status == "FINISHED" or failed(r"No space left|I/O error|cannot write|" + DEATH)
     if kind == "second_study":
         return status == "FINISHED"
     if kind == "ssh_cut":
@@ -167,6 +167,8 @@ class Fault:
     injected_phase: str = ""
     injected: bool = False
     note: str = ""
+    at: float = 0.0  # wall clock (time.time(), as the progress files), when it was injected
+    until: float = 0.0  # and when its effect ended (a disk freed, a lock let go), as far as is known
 
 
 @dataclass
@@ -284,7 +286,10 @@ class Injector(threading.Thread):
         if not kinds or self.ended_by is not None or self.rng.random() < NO_FAULT:
             return Fault(None, "", 0.0, job.job, self.attempt)
         # only repetition 0 runs the throughput sweep (bench.repetitions' default)
-        kind = self.rng.choice([k for k in kinds if job.repetition == 0 or KINDS[k].phases != ("bench",)])
+        kinds = [k for k in kinds if job.repetition == 0 or KINDS[k].phases != ("bench",)]
+        # a fault that ends the sweep costs a resume (a new process, the arms left): drawn half as often
+        weights = [0.5 if KINDS[k].ends_sweep else 1.0 for k in kinds]
+        kind = self.rng.choices(kinds, weights)[0]
         phases = [p for p in KINDS[kind].phases if p != "bench" or job.repetition == 0]
         phase = self.rng.choice(phases)
         return Fault(kind, phase, self.rng.uniform(0.0, PHASE_DELAY_S[phase]), job.job, self.attempt)
@@ -317,6 +322,7 @@ class Injector(threading.Thread):
                     due[num] = now + fault.delay_s
                 if num in due and now >= due[num]:
                     fault.injected_phase = self.phase_of(job, by_job)
+                    fault.at = fault.until = time.time()
                     fault.injected = self.inject(fault, job)
                     if fault.injected and KINDS[fault.kind].ends_sweep:
                         self.ended_by = fault
@@ -359,7 +365,13 @@ class Injector(threading.Thread):
                 fault.note = "no small filesystem"
                 return False
             _fill(sb.tight)
-            self.later(self.rng.uniform(1.0, 4.0), lambda: _unfill(sb.tight))
+
+            def unfill() -> None:
+                _unfill(sb.tight)
+                fault.until = time.time()
+
+            fault.until = float("inf")
+            self.later(self.rng.uniform(1.0, 4.0), unfill)
             return True
         if kind == "second_study":
             argv = sb.argv(SECOND, f"second-{self.attempt}-{fault.job}", "factor/multi_stream=off",
@@ -588,6 +600,7 @@ def check(
         if lease.is_dir() and (lease / "holder.json").exists():
             problems["unexplained_states"].append(f"seed {seed}: lease left at {lease.relative_to(sb.root)}")
     client = MlflowClient(sb.uri)
+    job_by_key = {(a, p.label, p.repetition): p for (a, _), p in jobs.items()}
     by_key = {(a, p.label, p.repetition): f for f in ep.faults for (a, j), p in jobs.items()
               if f.attempt == a and f.job == j}  # fmt: skip
     for name in (STUDY, SECOND):
@@ -614,17 +627,20 @@ def check(
                     )
                 continue
             attempt = parents.get(tags.get("mlflow.parentRunId", ""), -1)
-            fault = by_key.get((attempt, tags.get("arm"), int(tags.get("repetition", -1))))
+            key = (attempt, tags.get("arm"), int(tags.get("repetition", -1)))
+            fault = by_key.get(key)
             kind = fault.kind if fault and fault.injected else None
             phase = fault.injected_phase if fault else ""
             if not explained(kind, phase, status, reason):
-                # a fault's effect may outlast its arm: the store's lock, a full disk, a hang's teardown
-                prev = [
+                # a fault's effect may outlast its arm (the store's lock, a full disk): any fault whose
+                # effect overlapped this arm's time may explain it
+                job = job_by_key.get(key)
+                overlapping = [
                     f
                     for f in ep.faults
-                    if f.attempt == attempt and fault and f.job == fault.job - 1 and f.injected
+                    if f.injected and job is not None and f.at <= job.updated and f.until + 1.0 >= job.started
                 ]
-                if not any(explained(f.kind, f.injected_phase, status, reason) for f in prev):
+                if not any(explained(f.kind, f.injected_phase, status, reason) for f in overlapping):
                     problems["unexplained_states"].append(
                         f"seed {seed}: {tags.get('arm')} #{tags.get('repetition')} (attempt {attempt}) "
                         f"{status} "
@@ -745,28 +761,56 @@ def summarise(episodes: list[Episode], seconds: float) -> dict:
     return out
 
 
-def campaign(cluster: str, faults: int, seed: int, arms: int, replay: int | None = None,
-             progress=print) -> dict:  # fmt: skip
+def campaign(
+    cluster: str,
+    faults: int,
+    seed: int,
+    arms: int,
+    replay: int | None = None,
+    progress=print,
+    parallel: int = 1,
+) -> dict:
+    """Episodes until `faults` faults were injected (`parallel` at once, each in its own sandbox), or the
+    one episode `replay`; the summary."""
     episodes: list[Episode] = []
     t0 = time.monotonic()
     master = random.Random(seed)
-    with cluster_env(cluster) as env:
-        while True:
-            ep_seed = replay if replay is not None else master.randrange(1 << 31)
-            ep = run_episode(ep_seed, cluster, arms, env)
+    lock = threading.Lock()
+
+    def injected() -> int:
+        return sum(f.injected for e in episodes for f in e.faults)
+
+    def one(ep_seed: int, env: dict[str, str]) -> None:
+        ep = run_episode(ep_seed, cluster, arms, env)
+        with lock:
             episodes.append(ep)
-            done = sum(f.injected for e in episodes for f in e.faults)
             bad = {k: len(v) for k, v in ep.problems.items() if v}
             progress(
                 f"episode {len(episodes)} seed {ep_seed}: {sum(f.injected for f in ep.faults)} faults, "
-                f"{ep.attempts} attempt(s), {ep.seconds:.0f}s; total {done}/{faults}"
+                f"{ep.attempts} attempt(s), {ep.seconds:.0f}s; total {injected()}/{faults}"
                 + (f"; PROBLEMS {bad}" if bad else "")
             )
             for name, found in ep.problems.items():
                 for line in found[:4]:
                     progress(f"  {name}: {line}")
-            if replay is not None or done >= faults:
-                break
+
+    def worker(env: dict[str, str]) -> None:
+        while True:
+            with lock:
+                if injected() >= faults:
+                    return
+                ep_seed = master.randrange(1 << 31)
+            one(ep_seed, env)
+
+    with cluster_env(cluster) as env:
+        if replay is not None:
+            one(replay, env)
+        else:
+            threads = [threading.Thread(target=worker, args=(env,)) for _ in range(parallel)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
     return summarise(episodes, time.monotonic() - t0)
 
 
@@ -777,9 +821,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", choices=("local", "ssh", "ray"), default="local")
     ap.add_argument("--arms", type=int, default=6, help="arms per study (multi_stream on/off x repetitions)")
     ap.add_argument("--replay", type=int, default=None, help="run the one episode of this seed")
+    ap.add_argument("--parallel", type=int, default=1, help="episodes at once (each in its own sandbox)")
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = ap.parse_args(argv)
-    summary = campaign(args.cluster, args.faults, args.seed, args.arms, args.replay)
+    summary = campaign(args.cluster, args.faults, args.seed, args.arms, args.replay, parallel=args.parallel)
     text = json.dumps(summary, indent=2, default=str)
     print(text)
     if args.json:
