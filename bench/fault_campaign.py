@@ -78,12 +78,16 @@ ARM = [
     "bench.concurrency=[1,2]",
     "bench.requests_per_worker=1",
     "bench.output_len=16",
+    "bench.timeout_s=6",
+    "bench.warmup_requests=0",
     "deployment.stop_grace_s=2",
     "deployment.roles.prefill.startup_timeout_s=20",
     "deployment.roles.decode.startup_timeout_s=20",
     "deployment.roles.router.startup_timeout_s=20",
 ]
 SWEEP_TIMEOUT_S = 300
+# every orchestrator the campaign started and has not seen end: a Ctrl-C of the campaign stops them
+RUNNING: set[subprocess.Popen] = set()
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,7 @@ class Sandbox:
 
     def start(self, argv: list[str], log: Path) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             cwd=self.root,
             env=self.env,
@@ -208,6 +212,8 @@ class Sandbox:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: a fault to it is not one to the campaign
         )
+        RUNNING.add(proc)
+        return proc
 
     def pid_files(self) -> list[Path]:
         return sorted(p for p in self.root.rglob("*.pid") if p.parent.name != "sshd")
@@ -806,11 +812,20 @@ def campaign(
         if replay is not None:
             one(replay, env)
         else:
-            threads = [threading.Thread(target=worker, args=(env,)) for _ in range(parallel)]
+            threads = [threading.Thread(target=worker, args=(env,), daemon=True) for _ in range(parallel)]
             for thread in threads:
                 thread.start()
-            for thread in threads:
-                thread.join()
+            try:
+                for thread in threads:
+                    thread.join()
+            except KeyboardInterrupt:  # each orchestrator stops its own servers, as a user's Ctrl-C does
+                live = [p for p in RUNNING if p.poll() is None]
+                for proc in live:
+                    proc.send_signal(signal.SIGINT)
+                for proc in live:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=60)
+                raise
     return summarise(episodes, time.monotonic() - t0)
 
 
