@@ -215,8 +215,17 @@ class Sandbox:
         RUNNING.add(proc)
         return proc
 
+    @property
+    def work_dirs(self) -> list[Path]:
+        """Every host work dir of the sandbox, as the cluster overrides name them."""
+        return sorted({Path(o.split("=", 1)[1]) for o in self.cluster_overrides if ".work_dir=" in o})
+
     def pid_files(self) -> list[Path]:
-        return sorted(p for p in self.root.rglob("*.pid") if p.parent.name != "sshd")
+        return [
+            wd / f"{wd.name.split('-')[-1]}.pid"
+            for wd in self.work_dirs
+            if (wd / f"{wd.name.split('-')[-1]}.pid").exists()
+        ]
 
     def role_pid_file(self, role: str, job: ArmProgress | None = None) -> Path | None:
         """The pid file of `role` on the cluster this job runs on (a pool: the member its lease names)."""
@@ -505,7 +514,7 @@ def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
     try:
         yield Sandbox(root, cluster, overrides, ports, env, tight)
     finally:
-        for path in root.rglob("*.pid"):  # never leave anything behind, whatever was found
+        for path in root.rglob("*.pid"):  # never leave anything behind, whatever was found (nothing runs now)
             pgid = pid_of(path)
             if pgid and pgid in live_groups() and path.parent.name != "sshd":
                 with contextlib.suppress(ProcessLookupError):
@@ -602,8 +611,8 @@ def check(
             )
     for port in sorted(sb.ports & listening_ports()):
         problems["orphans"].append(f"seed {seed}: port {port} still listening")
-    for lease in sb.root.rglob("lease"):
-        if lease.is_dir() and (lease / "holder.json").exists():
+    for lease in (wd / "lease" for wd in sb.work_dirs):
+        if lease.is_dir():
             problems["unexplained_states"].append(f"seed {seed}: lease left at {lease.relative_to(sb.root)}")
     client = MlflowClient(sb.uri)
     job_by_key = {(a, p.label, p.repetition): p for (a, _), p in jobs.items()}
