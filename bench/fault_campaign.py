@@ -228,13 +228,18 @@ class Sandbox:
         ]
 
     def role_pid_file(self, role: str, job: ArmProgress | None = None) -> Path | None:
-        """The pid file of `role` on the cluster this job runs on (a pool: the member its lease names)."""
+        """The pid file of `role` on the cluster this job runs on (a pool: the member its lease names),
+        written since the job began: one older names a server an earlier (killed) sweep left running."""
         if self.cluster != "ray":
             found = [p for p in self.pid_files() if p.name == f"{role}.pid"]
-            return found[0] if found else None
-        member = self.member_of(job)
-        path = self.root / f"{member}-{role}" / f"{role}.pid" if member else None
-        return path if path and path.exists() else None
+            path = found[0] if found else None
+        else:
+            member = self.member_of(job)
+            path = self.root / f"{member}-{role}" / f"{role}.pid" if member else None
+        try:
+            return path if path and (job is None or path.stat().st_mtime >= job.started) else None
+        except OSError:
+            return None
 
     def member_of(self, job: ArmProgress | None) -> str | None:
         if job is None:

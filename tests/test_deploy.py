@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.config.plan import ArmPlan, server_url
+from orchestrator.remote.base import TransportError
 from orchestrator.remote.local import LocalTransport
 from orchestrator.run.deploy import DeployError, Deployment, http_get, router_waiting_for, server_start_groups
 from tests.conftest import listening, plan_of
@@ -251,3 +252,36 @@ def test_router_waiting_for_reads_the_routers_worker_list():
 def test_server_start_groups():
     assert server_start_groups(True) == (("prefill",), ("decode",))
     assert server_start_groups(False) == (("prefill", "decode"),)
+
+
+class ConnectionCutOnce(LocalTransport):
+    """A local host whose connection drops once, in the middle of the first stop command: a fake, honestly
+    named, of what the fault campaign's `ssh_cut` does to a real sshd (bench/fault_campaign.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+
+    def run_shell(self, command: str, timeout: float | None = 60.0):
+        if "kill -TERM" in command and not self.cut:
+            self.cut = True
+            raise TransportError(f"on {self.host}: connection lost while running `{command}`")
+        return super().run_shell(command, timeout)
+
+
+def test_a_stop_cut_short_by_a_lost_connection_is_tried_again(compose_cfg, deployments):
+    """A teardown whose stop command lost its connection used to log "could not stop" and leave the
+    server running; a stop is idempotent, so it is tried again (the SSH transport reconnects)."""
+    cfg = _cfg(compose_cfg)
+    plan = _plan(cfg)
+    deployment = _deployment(cfg, plan)
+    deployments.append(deployment)
+    deployment.co_restart()
+    started = dict(deployment.started)
+    flaky = ConnectionCutOnce()
+    deployment.transports = {**deployment.transports, "decode": flaky}
+    assert deployment.stop_all() == []
+    assert flaky.cut
+    t = LocalTransport()
+    assert not any(t.group_alive(pid) for pid in started.values())
+    assert not any(listening(int(cfg.cluster.hosts[r].port)) for r in ROLES)

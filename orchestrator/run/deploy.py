@@ -27,13 +27,16 @@ from dataclasses import dataclass, field
 from orchestrator.config.plan import ArmPlan, RolePlan, server_url
 from orchestrator.config.redact import redact_text
 from orchestrator.config.schema import ROLES, SERVER_ROLES
-from orchestrator.remote.base import Transport
+from orchestrator.remote.base import Transport, TransportError
 
 log = logging.getLogger(__name__)
 
 START_ORDER = ("prefill", "decode", "router")
 STOP_ORDER = ("router", "decode", "prefill")
 LOG_TAIL_BYTES = 6000
+# a stop cut short by a lost connection is tried again, this many times in all, this far apart
+STOP_ATTEMPTS = 3
+STOP_RETRY_S = 1.0
 # the router's list of the workers it has registered (sglang-router 0.3: {"workers": [{"url", "worker_type",
 # "is_healthy", ...}], ...})
 ROUTER_WORKERS_PATH = "/workers"
@@ -150,15 +153,27 @@ class Deployment:
             )
         return ours
 
-    def stop_all(self) -> list[str]:
-        """Stop every role, router first. Returns the problems met (never raises: used in finally)."""
+    def stop_all(self, attempts: int = STOP_ATTEMPTS) -> list[str]:
+        """Stop every role, router first. Returns the problems met (never raises: used in finally). A
+        stop is idempotent, so one cut short by a lost connection is tried again (the SSH transport
+        reconnects): a server left running on a GPU host costs more than a few seconds here."""
         problems = []
         for role in STOP_ORDER:
-            try:
-                self.stop_role(role)
-            except Exception as e:
-                problems.append(f"{role}: {e}")
-                log.error("could not stop %s: %s", role, e)
+            for attempt in range(1, attempts + 1):
+                try:
+                    self.stop_role(role)
+                    break
+                except TransportError as e:
+                    if attempt == attempts:
+                        problems.append(f"{role}: {e}")
+                        log.error("could not stop %s after %d attempts: %s", role, attempts, e)
+                    else:
+                        log.warning("stopping %s failed (%s); trying again", role, e)
+                        time.sleep(STOP_RETRY_S)
+                except Exception as e:
+                    problems.append(f"{role}: {e}")
+                    log.error("could not stop %s: %s", role, e)
+                    break
         return problems
 
     # --- starting ----------------------------------------------------------------------------------
