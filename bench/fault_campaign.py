@@ -233,6 +233,9 @@ class Sandbox:
         if self.cluster != "ray":
             found = [p for p in self.pid_files() if p.name == f"{role}.pid"]
             path = found[0] if found else None
+            # and the cluster is this arm's: a second study may hold it meanwhile
+            if path is not None and job is not None and not self.leased_to(path.parent, job):
+                return None
         else:
             member = self.member_of(job)
             path = self.root / f"{member}-{role}" / f"{role}.pid" if member else None
@@ -241,14 +244,21 @@ class Sandbox:
         except OSError:
             return None
 
+    @staticmethod
+    def leased_to(work_dir: Path, job: ArmProgress) -> bool:
+        """The work dir's lease names this job's arm (both launchers' holders say "study S, arm A #r")."""
+        try:
+            label = json.loads((work_dir / "lease" / "holder.json").read_text()).get("label", "")
+        except (OSError, ValueError):
+            return False
+        return f"study {STUDY}, arm {job.label} #{job.repetition}" in label
+
     def member_of(self, job: ArmProgress | None) -> str | None:
         if job is None:
             return None
-        for holder in self.root.glob("*-prefill/lease/holder.json"):
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads(holder.read_text())
-                if f"arm {job.label} #{job.repetition}" in data.get("label", ""):
-                    return holder.parent.parent.name.split("-")[0]
+        for work_dir in self.root.glob("*-prefill"):
+            if self.leased_to(work_dir, job):
+                return work_dir.name.split("-")[0]
         return None
 
     def holder_pid(self, job: ArmProgress) -> int | None:

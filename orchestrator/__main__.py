@@ -131,16 +131,20 @@ def run_on_cluster(
     config_file.write_text(redact_text(text, step.plan.secrets))
     transports = make_transports({role: rp.host for role, rp in step.plan.roles.items()})
     parent = parent_run_id(job.parent_run_id, job.sweep_dir)
-    tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent)
-    # the process that owns the run, so a later sweep can end it if this one is killed (run/orphans.py)
-    placement = {"cluster": job.cluster.name, **orphans.process_tag(f"arm {step.label} #{step.repetition}")}
-    if hold is not None:
-        hold.record_run(tracker.run_id)
-        placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
-    tracker.log_tags(placement)
-    tracker.log_artifact(config_file)
-    host_holder = hold.grant.host_holder if hold is not None else None
+    # the process that owns the run, from its first moment: a later sweep ends it if this one is killed
+    owner = orphans.process_tag(f"arm {step.label} #{step.repetition}")
+    tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent, owner)
+    # from here the run ends however this job does: an interrupt before the arm takes the run over (found
+    # by the fault campaign: a SIGTERM while the tags were written left it RUNNING) ends it here, KILLED;
+    # after that, the arm has ended it, and ending it again does nothing
     try:
+        placement = {"cluster": job.cluster.name}
+        if hold is not None:
+            hold.record_run(tracker.run_id)
+            placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
+        tracker.log_tags(placement)
+        tracker.log_artifact(config_file)
+        host_holder = hold.grant.host_holder if hold is not None else None
         return run_arm(
             step,
             transports,
@@ -151,12 +155,16 @@ def run_on_cluster(
             progress=progress,
         )
     except KeyboardInterrupt as e:
+        tracker.__exit__(type(e), e, e.__traceback__)
         kept = _lines(output_dir / "stress" / "sessions.jsonl")
         raise Interrupted(
             f"{e}: stopped arm {step.label} #{step.repetition}; its MLflow run {tracker.run_id} is KILLED "
             f"with the {kept} sessions that completed, earlier arms are kept as they finished, and every "
             f"server this arm started was stopped"
         ) from None
+    except BaseException as e:
+        tracker.__exit__(type(e), e, e.__traceback__)
+        raise
 
 
 def _lines(path: Path) -> int:

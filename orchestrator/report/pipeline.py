@@ -139,9 +139,15 @@ class StudyCallback(Callback):
             # runs of this study a killed orchestrator left RUNNING are ended first, saying so
             orphans.end_orphaned_runs(uri, study.name, socket.gethostname(), by=f"the sweep in {sweep_dir}")
             run_id = _write().start_study_run(
-                tracking_conf, study, sweep_dir, design, overrides, conditions=conditions, resume=resume
+                tracking_conf,
+                study,
+                sweep_dir,
+                design,
+                overrides,
+                conditions=conditions,
+                resume=resume,
+                extra_tags=orphans.process_tag(f"study {study.name}, sweep {sweep_dir}"),
             )
-            _write().tag_run(uri, run_id, orphans.process_tag(f"study {study.name}, sweep {sweep_dir}"))
             self._saved_env = os.environ.get(_write().PARENT_ENV)
             os.environ[_write().PARENT_ENV] = run_id
             atexit.register(self._abandoned)

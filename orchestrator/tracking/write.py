@@ -217,6 +217,7 @@ def start_study_run(
     overrides: list[str],
     conditions: Mapping[str, str] | None = None,
     resume: bool = False,
+    extra_tags: Mapping[str, str] | None = None,
 ) -> str:
     """The parent run of a sweep (left RUNNING), with the study definition attached; its id is left in
     the sweep dir for the jobs. `overrides` must already be redacted. `conditions`: the sweep's
@@ -233,6 +234,7 @@ def start_study_run(
         "conditions": json.dumps(dict(conditions or {}), sort_keys=True),
         "resume": str(bool(resume)).lower(),
         NOTE_TAG: study.description[:MAX_TAG],
+        **(extra_tags or {}),
     }
     # the experiment already names the study: the sweep dir's name (its start time) is short and whole
     run = client.create_run(exp_id, tags=tags, run_name=sweep_dir.name)
@@ -348,7 +350,10 @@ class ArmTracker:
         plan: ArmPlan,
         repetition: int,
         parent_run_id: str | None,
+        extra_tags: Mapping[str, str] | None = None,
     ) -> ArmTracker:
+        """The arm's run, created RUNNING with its tags (and `extra_tags`, there from its first moment:
+        the owner process of run/orphans.py), its params logged."""
         client = make_client(tracking.uri)
         factors = view_factors(study, plan.factors)
         exp_id = ensure_experiment(client, study.name, artifact_location_for(tracking), factors)
@@ -364,6 +369,7 @@ class ArmTracker:
         }
         if parent_run_id:
             tags[PARENT_TAG] = parent_run_id
+        tags.update(extra_tags or {})
         run = client.create_run(exp_id, tags=tags, run_name=f"{label} #{int(repetition)}")
         tracker = cls(client, run.info.run_id, plan.secrets)
         tracker._log_params(plan)
