@@ -499,6 +499,21 @@ class Episode:
 
 
 @contextlib.contextmanager
+def own_sshd(sshd_dir: Path) -> Iterator[dict[str, str]]:
+    """A real sshd on loopback (scripts/ci-ssh-setup.sh) in `sshd_dir`; the HH_SSH_* variables for it."""
+    env = {**os.environ, "HH_SSHD_DIR": str(sshd_dir)}
+    script = str(REPO / "scripts/ci-ssh-setup.sh")
+    out = subprocess.run(
+        ["bash", script, "start"], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    found = {k: v.strip("'\"") for k, v in re.findall(r"export (HH_SSH_\w+)=(\S+)", out)}
+    try:
+        yield {**found, "HH_SSHD_DIR": str(sshd_dir)}
+    finally:
+        subprocess.run(["bash", script, "stop"], env=env, capture_output=True)
+
+
+@contextlib.contextmanager
 def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
     root = Path(tempfile.mkdtemp(prefix="hh-faults-"))
     tight: Path | None = root / "tight"
@@ -509,6 +524,9 @@ def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
         tight = None
     work = tight or root
     seed_mlflow_store(root / "mlflow.db")
+    stack = contextlib.ExitStack()
+    if cluster == "ssh":
+        ssh_env = {**ssh_env, **stack.enter_context(own_sshd(root / "sshd"))}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **ssh_env}
     env.pop("HEISENHUNT_PARENT_RUN_ID", None)
     if cluster == "ray":
@@ -535,6 +553,7 @@ def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGCONT)
                     os.killpg(pgid, signal.SIGKILL)
+        stack.close()
         if tight is not None:
             subprocess.run(["umount", "-l", str(tight)], capture_output=True)
         if os.environ.get("HH_FAULTS_KEEP"):
@@ -744,18 +763,7 @@ def cluster_env(cluster: str) -> Iterator[dict[str, str]]:
     if cluster == "local":
         yield {}
     elif cluster == "ssh":
-        sshd_dir = tempfile.mkdtemp(prefix="hh-faults-sshd-")
-        env = {**os.environ, "HH_SSHD_DIR": sshd_dir}
-        out = subprocess.run(["bash", str(REPO / "scripts/ci-ssh-setup.sh"), "start"], env=env, check=True,
-                             capture_output=True, text=True).stdout  # fmt: skip
-        found = dict(re.findall(r"export (HH_SSH_\w+)=(\S+)", out))
-        found = {k: v.strip("'\"") for k, v in found.items()}
-        try:
-            yield {**found, "HH_SSHD_DIR": sshd_dir}
-        finally:
-            subprocess.run(
-                ["bash", str(REPO / "scripts/ci-ssh-setup.sh"), "stop"], env=env, capture_output=True
-            )
+        yield {}  # each episode starts an sshd of its own (`own_sshd`): a cut must hit its episode only
     else:
         from tests.pool.ray_head import RAY_ENV, local_ray_head
 

@@ -14,6 +14,7 @@ in a `finally` (it is a context manager).
 from __future__ import annotations
 
 import enum
+import logging
 import shlex
 import time
 from abc import ABC, abstractmethod
@@ -21,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.shell import command_line
+
+log = logging.getLogger(__name__)
 
 
 class TransportError(RuntimeError):
@@ -174,6 +177,16 @@ class Transport(ABC):
             raise CommandFailed(self.host, line, result)
         return result
 
+    def run_again(self, command: str, timeout: float | None = 15.0) -> CommandResult:
+        """`run_shell` for a command that may run twice (a look at processes, ports or a log; a signal to
+        a group): one cut short by a lost connection runs once more, on the connection the transport
+        makes anew (found by the fault campaign: an SSH session killed mid-look failed the arm)."""
+        try:
+            return self.run_shell(command, timeout=timeout)
+        except TransportError as e:
+            log.warning("%s: %s; running it again", self.host, e)
+            return self.run_shell(command, timeout=timeout)
+
     def start_detached(
         self,
         argv: Sequence[str],
@@ -191,19 +204,19 @@ class Transport(ABC):
 
     def is_alive(self, pid: int) -> bool:
         """True if `pid` exists and is not a zombie."""
-        result = self.run_shell(f"ps -o stat= -p {int(pid)}", timeout=15.0)
+        result = self.run_again(f"ps -o stat= -p {int(pid)}", timeout=15.0)
         state = result.stdout.strip()
         return result.returncode == 0 and bool(state) and not state.startswith("Z")
 
     def start_time(self, pid: int) -> str:
         """The process's start time as `ps -o lstart=` prints it ('' when it is gone)."""
-        return self.run_shell(f"ps -o lstart= -p {int(pid)}", timeout=15.0).stdout.strip()
+        return self.run_again(f"ps -o lstart= -p {int(pid)}", timeout=15.0).stdout.strip()
 
     def group_liveness(self, pgid: int, started_at: str = "") -> Liveness:
         """Whether process group `pgid` (started at `started_at`, as its pid file records it) still runs:
         the one liveness check of every transport, read by one shell line (`liveness_command`) and judged
         by `judge_liveness`, which never calls a live group gone."""
-        result = self.run_shell(liveness_command(pgid), timeout=15.0)
+        result = self.run_again(liveness_command(pgid), timeout=15.0)
         if result.returncode != 0:
             raise TransportError(f"on {self.host}: could not look at process group {pgid}: {result.stderr}")
         return judge_liveness(parse_group_look(result.stdout), started_at)
@@ -222,13 +235,13 @@ class Transport(ABC):
             raise ValueError(f"refusing to signal process group {pgid}")
         if started_at and not self.group_alive(pgid, started_at):
             return False  # gone, or its pid now names another process: nothing of ours to signal
-        self.run_shell(f"kill -TERM -{pgid} 2>/dev/null; true", timeout=15.0)
+        self.run_again(f"kill -TERM -{pgid} 2>/dev/null; true", timeout=15.0)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.group_alive(pgid, started_at):
                 return False
             time.sleep(poll_s)
-        self.run_shell(f"kill -KILL -{pgid} 2>/dev/null; true", timeout=15.0)
+        self.run_again(f"kill -KILL -{pgid} 2>/dev/null; true", timeout=15.0)
         kill_deadline = time.monotonic() + 5.0
         while self.group_alive(pgid, started_at) and time.monotonic() < kill_deadline:
             time.sleep(poll_s)
@@ -236,11 +249,11 @@ class Transport(ABC):
 
     def read_text_tail(self, path: str, max_bytes: int = 8192) -> str:
         """The last `max_bytes` of a text file, or '' when it does not exist."""
-        result = self.run_shell(f"tail -c {int(max_bytes)} {shlex.quote(path)} 2>/dev/null", timeout=15.0)
+        result = self.run_again(f"tail -c {int(max_bytes)} {shlex.quote(path)} 2>/dev/null", timeout=15.0)
         return result.stdout if result.returncode == 0 else ""
 
     def port_listening(self, port: int) -> bool:
         """True if something listens on TCP `port` on this host (any address)."""
         listeners = "(ss -Htln 2>/dev/null || netstat -tln 2>/dev/null) | awk '{print $4}'"
-        result = self.run_shell(f"{listeners} | grep -E ':{int(port)}$'", timeout=15.0)
+        result = self.run_again(f"{listeners} | grep -E ':{int(port)}$'", timeout=15.0)
         return bool(result.stdout.strip())
