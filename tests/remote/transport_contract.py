@@ -34,6 +34,16 @@ DUMP_ENV_TO_FILE = (
 )
 
 
+def _start_term_ignoring_group(transport: Transport, tmp_path: Path) -> int:
+    """A detached group of three processes that ignore SIGTERM, once all three run; its pgid."""
+    script = "trap '' TERM; sleep 300 & sleep 300"
+    pid = transport.start_detached(["sh", "-c", script], {}, str(tmp_path / "l"), str(tmp_path / "p"))
+    deadline = time.monotonic() + 10
+    while len(_pgid_members(pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
 def _running_with(marker: str) -> list[int]:
     """Live pids whose command line holds `marker`."""
     found = []
@@ -148,12 +158,8 @@ class TransportContract:
                 os.kill(p, 9)
 
     def test_stop_kills_a_group_that_ignores_term(self, transport: Transport, tmp_path: Path) -> None:
-        script = "trap '' TERM; sleep 300 & sleep 300"
-        pid = transport.start_detached(["sh", "-c", script], {}, str(tmp_path / "l"), str(tmp_path / "p"))
+        pid = _start_term_ignoring_group(transport, tmp_path)
         try:
-            deadline = time.monotonic() + 10
-            while len(_pgid_members(pid)) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
             t0 = time.monotonic()
             assert transport.stop_group(pid, grace_s=0.5) is True  # had to KILL
             assert time.monotonic() - t0 < 5
@@ -169,12 +175,8 @@ class TransportContract:
         the TERM and returned without the KILL. Here `ps` misses every process, always (a shim first on
         the PATH the host's shell uses, an honest fake of that miss): the kernel still knows the group,
         so the stop waits out its grace and KILLs."""
-        script = "trap '' TERM; sleep 300 & sleep 300"
-        pid = transport.start_detached(["sh", "-c", script], {}, str(tmp_path / "l"), str(tmp_path / "p"))
+        pid = _start_term_ignoring_group(transport, tmp_path)
         try:
-            deadline = time.monotonic() + 10
-            while len(_pgid_members(pid)) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
             started = transport.start_time(pid)
             shim = tmp_path / "bin"
             shim.mkdir()
