@@ -69,8 +69,9 @@ def detached_command(
         f'if [ -n "$t" ]; then printf "%s\\n%s\\n" "$p" "$t" >{pid} '
         # a server whose pid file cannot be written (a full disk) is stopped at once: nothing could
         # ever find it again to stop it
-        f'|| {{ kill -KILL -"$p" 2>/dev/null; rm -f {pid}; echo "cannot write {pid}" >&2; exit 1; }}; fi; '
-        'echo "$p"'
+        # (the pid too: its `setsid` may not have made the group yet)
+        f'|| {{ kill -KILL -"$p" "$p" 2>/dev/null; rm -f {pid}; echo "cannot write {pid}" >&2; exit 1; }}; '
+        'fi; echo "$p"'
     )
 
 
