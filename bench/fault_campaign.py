@@ -680,14 +680,24 @@ def check(
             fault = by_key.get(key)
             kind = fault.kind if fault and fault.injected else None
             phase = fault.injected_phase if fault else ""
+            job_dir = sb.sweep_dir(f"a{attempt}") / str(fault.job) if fault else None
+            if fault and fault.injected and job_dir and fault.at >= measured_until(job_dir):
+                # the arm's last measurement was written before the fault came (the moment between the
+                # last request and the progress file's "teardown" is an arm's own last check, ~0.1 s)
+                phase = "after"
             if not explained(kind, phase, status, reason):
                 # a fault's effect may outlast its arm (the store's lock, a full disk): any fault whose
                 # effect overlapped this arm's time may explain it
                 job = job_by_key.get(key)
+                # (an arm that never reached "done" lasted until its sweep ended: a SIGKILL of the
+                # orchestrator stops its progress file where it was)
                 overlapping = [
                     f
                     for f in ep.faults
-                    if f.injected and job is not None and f.at <= job.updated and f.until + 1.0 >= job.started
+                    if f.injected
+                    and job is not None
+                    and (f.at <= job.updated or not job.done)
+                    and f.until + 1.0 >= job.started
                 ]
                 if not any(explained(f.kind, f.injected_phase, status, reason) for f in overlapping):
                     problems["unexplained_states"].append(
@@ -696,6 +706,14 @@ def check(
                         f"after {kind or 'no fault'} in {phase or '-'}: {reason[:240]}"
                     )
     check_report(sb, ep, client)
+
+
+def measured_until(job_dir: Path) -> float:
+    """When the arm wrote its last measurement (its stress outcomes, its throughput levels): wall clock."""
+    written = [
+        p.stat().st_mtime for p in (*job_dir.glob("stress/*"), *job_dir.glob("bench/*")) if p.is_file()
+    ]
+    return max(written, default=float("inf"))
 
 
 def check_report(sb: Sandbox, ep: Episode, client) -> None:
