@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -191,3 +193,35 @@ def test_a_lease_that_cannot_be_written_is_not_left_behind(full_disk):
     with pytest.raises(OSError, match="lease on"):
         lease.try_take(Holder.this_process("a study"))
     assert not (full_disk / LEASE_DIR).exists()
+
+
+def test_a_lease_released_while_it_is_looked_at_is_no_error(tmp_path):
+    """Found by the fault campaign (seed 153127525: a second study on the same cluster): a take that found
+    the lease held, then found it gone by the time it read the heartbeat or the holder's record, raised
+    OSError and failed the arm. Another holder here takes and releases its lease over and over while this
+    one tries: every try answers (taken, or held), none raises."""
+    lease = HostLease(LocalTransport(), str(tmp_path))
+    stop = threading.Event()
+
+    def other_holder() -> None:
+        while not stop.is_set():
+            try:
+                (tmp_path / LEASE_DIR).mkdir()
+            except FileExistsError:
+                continue
+            (tmp_path / LEASE_DIR / "holder.json").write_text(json.dumps({"id": "other"}))
+            (tmp_path / LEASE_DIR / "heartbeat").touch()
+            time.sleep(0.001)
+            shutil.rmtree(tmp_path / LEASE_DIR, ignore_errors=True)
+
+    me = Holder.this_process("this study")
+    thread = threading.Thread(target=other_holder)
+    thread.start()
+    try:
+        for _ in range(300):
+            taken, _, _ = lease.try_take(me)
+            if taken:
+                lease.release(me)
+    finally:
+        stop.set()
+        thread.join()

@@ -129,8 +129,11 @@ class HostLease:
             f"grep -q {shlex.quote(holder.id)} {d}/holder.json 2>/dev/null && touch {d}/heartbeat "
             f"&& echo TAKEN && exit 0; "
             # the heartbeat's age by the host's own clock (no skew); a take still half-way has only the dir
-            f"echo HELD; now=$(date +%s); hb=$(stat -c %Y {d}/heartbeat 2>/dev/null || stat -c %Y {d}); "
-            f'echo "$((now - hb))"; cat {d}/holder.json 2>/dev/null'
+            f"echo HELD; now=$(date +%s); "
+            f"hb=$(stat -c %Y {d}/heartbeat 2>/dev/null || stat -c %Y {d} 2>/dev/null) || "
+            # released between the two looks (found by the fault campaign, seed 153127525): not an error
+            f"{{ echo GONE; exit 0; }}; "
+            f'echo "$((now - hb))"; cat {d}/holder.json 2>/dev/null; true'
         )
         result = self.transport.run_shell(line, timeout=30.0)
         lines = result.stdout.splitlines()

@@ -372,7 +372,13 @@ class ArmTracker:
         tags.update(extra_tags or {})
         run = client.create_run(exp_id, tags=tags, run_name=f"{label} #{int(repetition)}")
         tracker = cls(client, run.info.run_id, plan.secrets)
-        tracker._log_params(plan)
+        try:
+            tracker._log_params(plan)
+        except (
+            BaseException
+        ) as e:  # (found by the fault campaign, seed 389426981: a Ctrl-C here left it RUNNING)
+            tracker.__exit__(type(e), e, e.__traceback__)
+            raise
         return tracker
 
     # params are immutable in MLflow: logged once, at start. One line each; the launch commands (many
