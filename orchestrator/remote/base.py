@@ -93,11 +93,13 @@ class GroupLook:
     live: int  # non-zombie members `ps` listed
     zombies: int  # zombie members `ps` listed
     leader_started: str  # `ps -o lstart=` of the pid PGID ('' when no such process)
+    leader_state: str = ""  # `ps -o stat=` of the pid PGID ('' when no such process)
 
 
 def liveness_command(pgid: int) -> str:
     """One POSIX shell line that prints a `GroupLook` of group `pgid` (parsed by `parse_group_look`):
-    the kernel's answer to a signal 0 sent to the group, the members `ps` lists, the leader's start."""
+    the kernel's answer to a signal 0 sent to the group, the members `ps` lists, the leader's state and
+    start."""
     g = int(pgid)
     if g <= 1:
         raise ValueError(f"refusing to look at process group {g}")
@@ -106,25 +108,32 @@ def liveness_command(pgid: int) -> str:
         f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}; '
         f"ps -e -o pgid=,stat= | awk '$1 == {g} {{ if ($2 ~ /^Z/) z++; else l++ }} "
         f"END {{ print l + 0; print z + 0 }}'; "
-        f"ps -o lstart= -p {g}; true"
+        f'echo "S $(ps -o stat= -p {g})"; echo "T $(ps -o lstart= -p {g})"; true'
     )
 
 
 def parse_group_look(stdout: str) -> GroupLook:
     lines = stdout.splitlines()
-    if len(lines) < 3 or lines[0] not in ("KNOWN", "UNKNOWN"):
+    if len(lines) < 5 or lines[0] not in ("KNOWN", "UNKNOWN") or lines[3][:1] != "S" or lines[4][:1] != "T":
         raise TransportError(f"unexpected answer to a process-group look: {stdout!r}")
-    leader = lines[3].strip() if len(lines) > 3 else ""
-    return GroupLook(lines[0] == "KNOWN", int(lines[1]), int(lines[2]), leader)
+    state, started = lines[3][1:].strip(), lines[4][1:].strip()
+    return GroupLook(lines[0] == "KNOWN", int(lines[1]), int(lines[2]), started, state)
 
 
 def judge_liveness(look: GroupLook, started_at: str = "") -> Liveness:
-    """Alive or gone, from one look (pure). The kernel is the authority on "gone": `ps` walks /proc and
-    was seen to miss a live router on a loaded machine, so a group `ps` does not list is gone only when
-    the kernel agrees, or when `ps` lists its members and all are zombies. A leader alive under another
-    start time is a recycled pid: Linux never reuses a pid while its group has members, so ours is gone."""
+    """Alive or gone, from one look (pure).
+    - A leader alive under another start time is a recycled pid: Linux never reuses a pid while its
+      group has members, so ours is gone.
+    - The leader itself running is alive, whatever its group: just after its start it may not have run
+      `setsid` yet, and its group does not exist (found by the fault campaign over SSH, seed 2072488418:
+      a router taken for exited in its first look was left running without its pid file).
+    - Otherwise the kernel is the authority on "gone": `ps` walks /proc and was seen to miss a live router
+      on a loaded machine, so a group `ps` does not list is gone only when the kernel agrees, or when `ps`
+      lists its members and all are zombies."""
     if look.leader_started and started_at and look.leader_started != started_at:
         return Liveness.RECYCLED
+    if look.leader_state and not look.leader_state.startswith("Z"):
+        return Liveness.ALIVE
     if not look.kernel_knows:
         return Liveness.GONE
     if look.live == 0 and look.zombies > 0:
@@ -236,13 +245,13 @@ class Transport(ABC):
             raise ValueError(f"refusing to signal process group {pgid}")
         if started_at and not self.group_alive(pgid, started_at):
             return False  # gone, or its pid now names another process: nothing of ours to signal
-        self.run_again(f"kill -TERM -{pgid} 2>/dev/null; true", timeout=15.0)
+        self.run_again(f"kill -TERM -{pgid} {pgid} 2>/dev/null; true", timeout=15.0)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.group_alive(pgid, started_at):
                 return False
             time.sleep(poll_s)
-        self.run_again(f"kill -KILL -{pgid} 2>/dev/null; true", timeout=15.0)
+        self.run_again(f"kill -KILL -{pgid} {pgid} 2>/dev/null; true", timeout=15.0)
         kill_deadline = time.monotonic() + 5.0
         while self.group_alive(pgid, started_at) and time.monotonic() < kill_deadline:
             time.sleep(poll_s)

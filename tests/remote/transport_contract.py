@@ -6,6 +6,7 @@ table (local, or SSH to loopback / a network namespace), so the tests can check 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -212,6 +213,21 @@ class TransportContract:
         while time.monotonic() < deadline and _running_with(marker):
             time.sleep(0.05)
         assert not _running_with(marker)
+
+    def test_a_process_before_its_setsid_is_alive_and_stoppable(self, transport: Transport) -> None:
+        """Just after a detached start, the server may not have run `setsid` yet: its pid names no group.
+        The look must call it alive and the stop must reach it (found by the fault campaign over SSH, seed
+        2072488418). Here a process that never makes its own group stands for that moment."""
+        started = transport.run_shell("sleep 300 >/dev/null 2>&1 </dev/null & echo $!")
+        pid = int(started.stdout.strip())
+        try:
+            assert os.getpgid(pid) != pid  # no group of its own
+            assert transport.group_alive(pid, transport.start_time(pid))
+            assert transport.stop_group(pid, grace_s=5) is False
+            assert not transport.is_alive(pid)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
 
     def test_a_recycled_leader_is_not_ours(self, transport: Transport, tmp_path: Path) -> None:
         """A pid file's start time that is not the running leader's: the group it named is gone (Linux
