@@ -204,9 +204,10 @@ class Deployment:
             paths, transport = self.paths(role), self.transports[role]
             self.started[role] = transport.start_detached(plan.argv, plan.env, paths.log, paths.pid)
             self.started_at[role] = self.pid_file(role)[1]
-        for role, seconds in self.wait_healthy(launched).items():
-            self.startup_s[role] = seconds
-            self.on_event(f"{role} healthy after {seconds:.1f}s")
+        healthy = self.wait_healthy(launched)
+        for role in roles:  # in start order, whichever answered first
+            self.startup_s[role] = healthy[role]
+            self.on_event(f"{role} healthy after {healthy[role]:.1f}s")
 
     def wait_healthy(self, launched: Mapping[str, float], poll_s: float = 0.25) -> dict[str, float]:
         """Poll each launched role's health URL until it answers 200; returns seconds from launch to
