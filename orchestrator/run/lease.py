@@ -73,11 +73,11 @@ class Holder:
             label=label,
             hostname=socket.gethostname(),
             pid=os.getpid(),
-            pid_started=_local_start_time(os.getpid()),
+            pid_started=local_start_time(os.getpid()),
         )
 
 
-def _local_start_time(pid: int) -> str:
+def local_start_time(pid: int) -> str:
     """A pid's start time on this machine, as every pid file records it (`Transport.start_time`)."""
     return LocalTransport().start_time(pid)
 
@@ -230,7 +230,7 @@ def _take_now(lease: HostLease, holder: Holder, conf: LeaseConf, here: str) -> t
             return True, None
         if current is None and age == 0.0:
             continue  # it went away between the two checks: try again at once
-        if not is_stale(current, age, conf.stale_after_s, here, _local_start_time):
+        if not is_stale(current, age, conf.stale_after_s, here, local_start_time):
             return False, current
         who = current.describe() if current else "a holder that left no record"
         log.warning("lease on %s: %s is gone; taking the cluster over", lease.where, who)

@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable
 
-from orchestrator.run.lease import Holder, _local_start_time, is_stale
+from orchestrator.run.lease import Holder, is_stale, local_start_time
 from orchestrator.tracking.layout import PROCESS_TAG, iter_runs, make_client
 from orchestrator.tracking.write import end_run_failed
 
@@ -47,7 +47,7 @@ def end_orphaned_runs(uri: str, study: str, here: str, by: str) -> list[str]:
     ended = []
     for run in iter_runs(client, experiment.experiment_id, "attributes.status = 'RUNNING'"):
         tag = run.data.tags.get(PROCESS_TAG)
-        reason = owner_gone(tag, here, _local_start_time) if tag else None
+        reason = owner_gone(tag, here, local_start_time) if tag else None
         if reason is None:
             continue
         reason = f"{reason}; ended by {by}"
