@@ -29,6 +29,7 @@ import time
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 
 from hydra_plugins.heisenhunt_sweeper import config as _config  # noqa: F401 - registers the sweeper node
 from hydra_plugins.heisenhunt_sweeper._core import (
@@ -37,6 +38,7 @@ from hydra_plugins.heisenhunt_sweeper._core import (
     collapse,
     repetition_problems,
 )
+from orchestrator.config.plan import run_load
 from orchestrator.run.progress import TERMINAL
 from orchestrator.study import designs
 from orchestrator.study.designs import job_repetition
@@ -106,6 +108,8 @@ class StudySweeper(BasicSweeper):
             sessions=int(self.config.workload.sessions),
             bench_on=bool(self.config.bench.get("enabled", True)),
             batch_size=self.max_batch_size,
+            load=run_load(self.config.workload.sessions, self.config.workload.concurrency),
+            deployment_cost=OmegaConf.to_container(self.config.deployment.get("cost") or {}, resolve=True),
         )
         if self._launches_nothing():
             self.launcher = _DryRunLauncher()
@@ -270,6 +274,7 @@ class StudySweeper(BasicSweeper):
             more_rounds=self._design.adaptive,
             tracking_uri=str(self.config.tracking.uri),
             report_dir=str(self.config.report.dir),
+            gpus=int(self.study.cost.gpus or (self.config.deployment.get("cost") or {}).get("gpus") or 0),
         )
 
     def _record_planned(self, planned, batch) -> None:

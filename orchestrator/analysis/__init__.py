@@ -58,7 +58,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from orchestrator.analysis import cause, clusters, ddmin, stats
+from orchestrator.analysis import cause, clusters, cost, ddmin, stats
 from orchestrator.analysis.result import StudyResult, from_json
 from orchestrator.analysis.runs import LevelSample, RunRecord, identity, run_used
 from orchestrator.analysis.states import (
@@ -123,7 +123,7 @@ def pool_arms(
         n = sum(c[1] for c in run_counts)
         errored = sum(r.errored for r in used)
         mean_size = n / len(used) if used else 0.0
-        deff = stats.design_effect(between.icc, mean_size)
+        deff = stats.design_effect(between.icc, stats.pooled_run_size([c[1] for c in run_counts]))
         k_eff, n_eff = stats.effective_counts(k, n, deff)
         lo, hi = stats.runs_interval(run_counts, between.icc)
         used_reps = {r.repetition for r in used}
@@ -165,6 +165,8 @@ def pool_arms(
                         "planned": r.planned,
                         "used": r in used,
                         "reason": r.reason,
+                        **({"wall_s": r.wall_s} if r.wall_s is not None else {}),
+                        **({"stress_s": r.stress_s} if r.stress_s is not None else {}),
                     }
                     for r in group
                 ],
@@ -789,8 +791,29 @@ def analyse(
         "ddmin": search,
         "minimal_cause": minimal,
         "clusters": clusters_block(spec, runs, between),
+        "cost": gpu_time_block(spec, runs, arms, context, stopping),
     }
     return from_json(StudyResult, report)
+
+
+def gpu_time_block(
+    spec: StudySpec,
+    runs: Sequence[RunRecord],
+    arms: Sequence[Mapping[str, Any]],
+    context: Mapping[str, Any] | None,
+    stopping: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """report.json's `cost`: GPU time spent by the study's runs, by the cost model (analysis/cost.py),
+    whose deployment estimate the sweep recorded in its context; for a sequential study, beside what the
+    fixed design of as many starts per arm at the smallest run size would have spent."""
+    model = cost.cost_model(spec.cost, (context or {}).get("deployment_cost"), runs)
+    label_of = {run["run_id"]: a["label"] for a in arms for run in a["runs"]}
+    fixed = None
+    if stopping is not None and runs:
+        smallest = min((r.planned or r.clean + r.corrupted) for r in runs)
+        compared = len(stopping["sessions_per_arm"]) or len(arms)
+        fixed = cost.fixed_design_hours(model, compared, int(spec.stopping.max_runs_per_arm), smallest)
+    return cost.cost_block(model, runs, lambda r: label_of.get(r.run_id, "?"), fixed)
 
 
 def counted_families(arm: Mapping[str, Any]) -> list[str]:

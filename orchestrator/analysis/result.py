@@ -71,6 +71,9 @@ class RunRow:
     planned: int
     used: bool
     reason: str
+    # seconds the run held its servers and spent in its stress phase (absent: not known, e.g. rehearsed)
+    wall_s: float | None = dataclasses.field(default=ABSENT, kw_only=True)
+    stress_s: float | None = dataclasses.field(default=ABSENT, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +344,43 @@ class Stopping:
     sessions: int
     fixed_design_sessions: int
     benched: tuple[str, ...]
+
+
+# --- cost --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CostFigures:
+    """The cost model (analysis/cost.py): seconds per restart, session and sweep, GPUs, and the source of
+    each figure."""
+
+    restart_s: float
+    session_s: float
+    bench_s: float
+    gpus: int
+    sources: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmCost:
+    gpu_hours: float
+    starts: int
+    sessions: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """GPU time the study's runs held (`cost.cost_block`)."""
+
+    model: CostFigures
+    gpu_hours: float
+    wall_s: float
+    starts: int
+    sessions: int
+    modelled_runs: int
+    per_arm: Mapping[str, ArmCost]
+    fixed_design_gpu_hours: float | None
+    remaining_gpu_hours: float | None
 
 
 # --- ddmin -------------------------------------------------------------------------------------------
@@ -657,6 +697,8 @@ class StudyResult:
     ddmin: DdminSearch | None
     minimal_cause: MinimalCause | None
     clusters: Clusters | None
+    # absent in reports written before GPU time was reported
+    cost: Cost | None = ABSENT
 
 
 # --- the converter -----------------------------------------------------------------------------------

@@ -428,6 +428,14 @@ def design_effect(icc: float, mean_run_size: float) -> float:
     return 1.0 + max(0.0, mean_run_size - 1) * max(0.0, icc)
 
 
+def pooled_run_size(sizes: Sequence[int]) -> float:
+    """The run size whose design effect is that of runs of these sizes pooled: the variance of the pooled
+    rate is p (1 - p) / N^2 * sum n_i (1 + (n_i - 1) rho), so m = sum n_i^2 / N (the mean, when the runs
+    are of one size)."""
+    total = sum(sizes)
+    return sum(n * n for n in sizes) / total if total else 0.0
+
+
 def effective_counts(k: int, n: int, deff: float) -> tuple[int, int]:
     """The Rao-Scott effective counts (k / D, n / D), rounded; an arm with sessions keeps at least one."""
     if n <= 0 or deff <= 1.0:

@@ -101,15 +101,34 @@ class ArmPlan:
 
 def measurement_conditions(workload: StressConf) -> dict[str, str]:
     """What, beside the deployment (the signature), changes what a session measures: the workload's
-    shape. Its seed does not (repetitions use other seeds on purpose), nor does the throughput sweep."""
+    shape, and the load the sessions run at (`workload.concurrency`, or every session at once). Its seed
+    does not (repetitions use other seeds on purpose), nor does the throughput sweep, nor the number of
+    sessions: that is a run's sample size, and the runs of one arm may differ in it (a sequential study
+    sizes each start by what its GPU time buys, analysis/cost.py)."""
     return {
-        "workload.sessions": str(workload.sessions),
         "workload.rounds": str(workload.rounds),
-        "workload.concurrency": str(workload.concurrency),
+        "workload.concurrency": str(run_load(workload.sessions, workload.concurrency)),
         "workload.timeout_s": str(float(workload.timeout_s)),
         "workload.count": ",".join(workload.count),
         "workload.tool_choice": workload.tool_choice,
     }
+
+
+def run_load(sessions: int, concurrency: int | None) -> int:
+    """The sessions in flight at once: the decode's load, part of what a session measures."""
+    return min(int(sessions), int(concurrency or sessions))
+
+
+def arm_conditions(recorded: Mapping[str, str]) -> dict[str, str]:
+    """A run's recorded conditions as today's arm identity reads them. Runs logged before the number of
+    sessions left the identity recorded `workload.sessions`, and "None" for every session at once: their
+    load is then that number."""
+    out = {str(k): str(v) for k, v in recorded.items()}
+    sessions = out.pop("workload.sessions", None)
+    if sessions is not None and "workload.concurrency" in out:
+        concurrency = out["workload.concurrency"]
+        out["workload.concurrency"] = str(run_load(int(sessions), None if concurrency == "None" else int(concurrency)))
+    return out
 
 
 @dataclass(frozen=True)

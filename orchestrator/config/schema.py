@@ -148,6 +148,21 @@ class DeploymentRoles:
 
 
 @dataclass
+class DeploymentCost:
+    """The deployment's own estimate of what a run costs (orchestrator/analysis/cost.py): the study's
+    finished runs replace the times once measured, `study.cost` replaces any of them."""
+
+    # a co-restart of prefill and decode until both are healthy, and their teardown
+    restart_s: float = 60.0
+    # wall seconds per session at the workload's load (a run's stress phase over its sessions)
+    session_s: float = 1.0
+    # one throughput sweep
+    bench_s: float = 60.0
+    # the GPUs both roles hold while an arm runs (GPU time = GPUs x wall)
+    gpus: int = 1
+
+
+@dataclass
 class DeploymentConf:
     name: str = MISSING
     model_path: str = MISSING
@@ -165,6 +180,8 @@ class DeploymentConf:
     # the sglang versions this deployment's flags and env vars are written for (a PEP 440 specifier,
     # e.g. "==0.5.23"); a host with another version, or none, is refused. null: not an sglang deployment
     sglang_version: str | None = None
+    # what a start and a session cost here, before the study's own runs measure it (analysis/cost.py)
+    cost: DeploymentCost = field(default_factory=DeploymentCost)
 
 
 @dataclass
@@ -219,6 +236,21 @@ class StoppingConf:
     max_sessions: int | None = None
     # stop an arm early when no verdict can be reached within its budget (orchestrator/analysis/sequential.py)
     futility: bool = True
+    # the largest run (sessions in one start) the design may choose for an arm's next start, by the
+    # information each GPU-second buys (analysis/cost.py); null: every run has workload.sessions
+    max_run_sessions: int | None = None
+
+
+@dataclass
+class CostConf:
+    """What a run costs on the study's cluster, where the user knows better than the runs can measure
+    (orchestrator/analysis/cost.py); null: measured from the study's finished runs, else the
+    deployment's estimate (`deployment.cost`)."""
+
+    restart_s: float | None = None
+    session_s: float | None = None
+    bench_s: float | None = None
+    gpus: int | None = None
 
 
 @dataclass
@@ -261,6 +293,7 @@ class StudyConf:
     # ICC of sessions within one run assumed when the runs cannot estimate it (one run per arm)
     assumed_icc: float = 0.0
     stopping: StoppingConf = field(default_factory=StoppingConf)
+    cost: CostConf = field(default_factory=CostConf)
     ddmin: DdminConf = field(default_factory=DdminConf)
 
     def __post_init__(self) -> None:
@@ -286,12 +319,18 @@ class StudyConf:
         if "min_effect_relative" in values:
             values["min_effect_relative"] = bool(values["min_effect_relative"])
         stopping = data.get("stopping") or {}
-        cap = stopping.get("max_sessions")
+        cap, largest = stopping.get("max_sessions"), stopping.get("max_run_sessions")
         values["stopping"] = StoppingConf(
             min_runs_per_arm=int(stopping.get("min_runs_per_arm", StoppingConf.min_runs_per_arm)),
             max_runs_per_arm=int(stopping.get("max_runs_per_arm", StoppingConf.max_runs_per_arm)),
             max_sessions=None if cap is None else int(cap),
             futility=bool(stopping.get("futility", True)),
+            max_run_sessions=None if largest is None else int(largest),
+        )
+        cost = data.get("cost") or {}
+        values["cost"] = CostConf(
+            **{k: None if cost.get(k) is None else float(cost[k]) for k in ("restart_s", "session_s", "bench_s")},
+            gpus=None if cost.get("gpus") is None else int(cost["gpus"]),
         )
         values["ddmin"] = DdminConf(
             [

@@ -111,6 +111,7 @@ class SweepView:
     tracking_uri: str = ""
     report_dir: str = ""
     sweep_dir: str = ""
+    gpus: int = 0  # the GPUs an arm's deployment holds (analysis/cost.py): the display's GPU time
 
     @property
     def done(self) -> list[ArmProgress]:
@@ -152,6 +153,20 @@ def time_left(view: SweepView, now: float) -> float | None:
     return max(0.0, to_run * per_arm - under_way) / max(1, len(view.running))
 
 
+def gpu_hours_held(view: SweepView, now: float) -> float:
+    """GPU hours the sweep's arms have held so far: every arm's time from its start, a running one's to
+    now, times the deployment's GPUs."""
+    held = sum((a.updated if a.done else now) - a.started for a in view.arms if a.status != "SKIPPED")
+    return view.gpus * max(0.0, held) / 3600
+
+
+def gpu_hours_left(view: SweepView, now: float) -> float | None:
+    """GPU hours the planned arms still need, at the mean time of the arms that ran (None before the first
+    ends): unlike the wall time left, it does not shrink with more clusters."""
+    left = time_left(view, now)
+    return None if left is None else view.gpus * left * max(1, len(view.running)) / 3600
+
+
 def progress_lines(view: SweepView, now: float) -> list[str]:
     """The live display: the sweep's line, one per running arm, the sessions so far."""
     left = time_left(view, now)
@@ -169,7 +184,13 @@ def progress_lines(view: SweepView, now: float) -> list[str]:
         lines.append("  the next arm is starting")
     sessions = sum(a.sessions_done for a in view.arms)
     corrupted = sum(a.corrupted for a in view.arms)
-    lines.append(f"  sessions so far {sessions}, corrupted {corrupted}")
+    gpu = ""
+    if view.gpus:
+        left = gpu_hours_left(view, now)
+        gpu = f"; GPU time {gpu_hours_held(view, now):.2f} h on {view.gpus} GPU(s)" + (
+            f", about {left:.2f} h more{' this round' if view.more_rounds else ''}" if left is not None else ""
+        )
+    lines.append(f"  sessions so far {sessions}, corrupted {corrupted}{gpu}")
     return lines
 
 
@@ -318,6 +339,7 @@ def sweep_accepted(
     more_rounds: bool,
     tracking_uri: str,
     report_dir: str,
+    gpus: int = 0,
 ) -> None:
     """The sweeper accepted a round of `jobs`: the first starts the display, later ones add to it."""
     if _CURRENT:
@@ -331,6 +353,7 @@ def sweep_accepted(
         tracking_uri=tracking_uri,
         report_dir=report_dir,
         sweep_dir=sweep_dir,
+        gpus=gpus,
     )
     _CURRENT.append(SweepDisplay(view, interactive=sys.stdout.isatty()).start())
     _ENDED.clear()

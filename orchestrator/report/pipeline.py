@@ -9,6 +9,7 @@ nothing past this module sees a DictConfig.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import socket
@@ -131,6 +132,7 @@ class StudyCallback(Callback):
         design = sweep_design(config, adhoc)
         overrides = recorded_overrides(config)
         conditions = measurement_conditions(OmegaConf.to_object(config.workload))
+        deployment_cost = OmegaConf.to_container(config.deployment.get("cost") or {}, resolve=True)
         resume = bool(config.get("resume"))
 
         def open_run() -> str:
@@ -146,7 +148,10 @@ class StudyCallback(Callback):
                 overrides,
                 conditions=conditions,
                 resume=resume,
-                extra_tags=orphans.process_tag(f"study {study.name}, sweep {sweep_dir}"),
+                extra_tags={
+                    **orphans.process_tag(f"study {study.name}, sweep {sweep_dir}"),
+                    _write().DEPLOYMENT_COST_TAG: json.dumps(deployment_cost, sort_keys=True),
+                },
             )
             self._saved_env = os.environ.get(_write().PARENT_ENV)
             os.environ[_write().PARENT_ENV] = run_id
@@ -167,6 +172,7 @@ class StudyCallback(Callback):
             return
         paths: list[Path] = []
         failure = headline = None
+        metrics: dict[str, float] = {}
         _clean_up_pool(config)
         try:
             result, paths = build_report(
@@ -176,6 +182,12 @@ class StudyCallback(Callback):
                 bool(config.report.plots),
             )
             headline = result.headline
+            if result.cost:
+                metrics = {
+                    "study.gpu_hours": result.cost.gpu_hours,
+                    "study.starts": result.cost.starts,
+                    "study.sessions": result.cost.sessions,
+                }
             hint = _write().ui_hint(self._uri, self.study_name or str(config.study.name))
             log.info("report: %s", paths[0])
             log.info(hint)
@@ -185,7 +197,7 @@ class StudyCallback(Callback):
             failure = f"report: {type(e).__name__}: {e}"
             console.show_kept()
         finally:
-            _write().end_study_run(self._uri, self._run_id, paths, failure, headline)
+            _write().end_study_run(self._uri, self._run_id, paths, failure, headline, metrics)
             self._ended = True
             self._restore_env()
             atexit.unregister(self._abandoned)

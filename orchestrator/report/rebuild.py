@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator.analysis import LevelSample, RunRecord, StudySpec
 from orchestrator.analysis.result import StudyResult
+from orchestrator.config.plan import arm_conditions
 from orchestrator.study.designs import analyse_study
 
 # sections other tools append to report.md, kept as they were
@@ -68,7 +69,9 @@ def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
                     bench=_bench(arm) if run["run_id"] == benched else (),
                     config=dict(arm.get("config") or {}),
                     facts=dict(arm.get("facts") or {}) if run["run_id"] == first_used else {},
-                    conditions=dict(arm.get("conditions") or {}),
+                    conditions=arm_conditions(arm.get("conditions") or {}),
+                    wall_s=run.get("wall_s"),
+                    stress_s=run.get("stress_s"),
                 )
             )
     return records
@@ -85,7 +88,7 @@ def rebuild(old: Path, out_dir: Path, plots: bool = True) -> tuple[StudyResult, 
     kept = min((text.index(h) for h in APPENDED if h in text), default=None)
     spec = StudySpec.from_dict(report["study"])
     context = dict(report.get("context") or {})
-    conditions = context.get("conditions") or None
+    conditions = arm_conditions(context.get("conditions") or {}) or None
     fresh = analyse_study(spec, records_from_report(report), context, conditions)
     paths = write_report(fresh, out_dir, plots)
     if kept is not None:

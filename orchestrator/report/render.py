@@ -28,6 +28,7 @@ from orchestrator.analysis.result import (
     Cell,
     Clusters,
     Conjunction,
+    Cost,
     DdminSearch,
     Deploy,
     Families,
@@ -495,6 +496,38 @@ def duration(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds >= 1 else f"{seconds:.1f} s"
 
 
+def gpu_time_section(block: Cost | None) -> list[str]:
+    """What the study's runs held in GPU time, by arm, and the cost model with where each figure came
+    from (analysis/cost.py)."""
+    if not block:
+        return []
+    m = block.model
+    sources = "; ".join(f"{k} from {v}" for k, v in m.sources.items())
+    sentence = (
+        f"{block.gpu_hours:.2f} GPU hours: {block.starts} server starts, {block.sessions} sessions, "
+        f"{duration(block.wall_s)} of servers held on {m.gpus} GPU(s)"
+    )
+    if block.modelled_runs:
+        sentence += f" ({block.modelled_runs} run(s) without a wall time counted by the model)"
+    if block.fixed_design_gpu_hours:
+        sentence += (
+            f"; the fixed design of as many starts per arm as this design's budget: "
+            f"{block.fixed_design_gpu_hours:.2f} ({block.gpu_hours / block.fixed_design_gpu_hours:.2f}x)"
+        )
+    rows = [[label, f"{a.gpu_hours:.3f}", a.starts, a.sessions] for label, a in block.per_arm.items()]
+    return [
+        "## GPU time",
+        "",
+        sentence + ".",
+        "",
+        f"Cost model: a restart {m.restart_s:.1f} s, a session {m.session_s:.3f} s, a throughput sweep "
+        f"{m.bench_s:.1f} s ({sources}).",
+        "",
+        *_table(["arm", "GPU hours", "starts", "sessions"], rows),
+        "",
+    ]
+
+
 def _utc(text: str | None) -> str:
     """An ISO-8601 lease time as `2026-12-01 22:06:18 UTC` (the tag keeps the microseconds)."""
     if not text:
@@ -816,6 +849,7 @@ def render_markdown(result: StudyResult, tracking_uri: str | None = None) -> str
         throughput_section(result),
         problem_runs_section(result.problem_runs),
         deploy_section(result.deploy),
+        gpu_time_section(result.cost),
         reproduce_section(result, tracking_uri),
     ]
     return "\n".join(line for section in sections for line in section)

@@ -39,6 +39,8 @@ from orchestrator.config.plan import BASELINE_LABEL, arm_label
 # plugin, and with it this module, at every start, a single run's too
 
 FACTOR_PREFIX = "factor/"
+# the overrides by which a design sizes a run (Sequential.run_size)
+SIZE_KEYS = ("workload.sessions", "workload.concurrency")
 
 
 class DesignError(HydraException, ValueError):
@@ -53,6 +55,8 @@ class Job:
     label: str
     levels: Mapping[str, str]
     repetition: int
+    # the run's sessions where the design sized it (None: the workload's)
+    sessions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -194,24 +198,46 @@ class Sequential:
     arms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # label -> the arm's overrides
     sessions: int = 0
     bench_on: bool = True
+    # the sessions in flight at once (the workload's concurrency, else `sessions`): what a larger run
+    # keeps, wave after wave, so that its sessions measure what the arm's identity names
+    load: int = 0
+    # the deployment's cost estimate (`deployment.cost`), until the study's runs measure their own
+    deployment_cost: Mapping[str, Any] = field(default_factory=dict)
     name: ClassVar[str] = "sequential"
     adaptive: ClassVar[bool] = True
 
-    def _job(self, label: str, repetition: int, bench: bool) -> Job:
-        overrides = (*self.arms[label], f"repetition={repetition}", *_bench_overrides(bench))
-        return Job(overrides, label, job_levels(overrides), repetition)
+    def _job(self, label: str, repetition: int, bench: bool, size: int | None = None) -> Job:
+        base = self.arms[label]
+        if size is not None:  # the run's own size, at the arm's load (analysis/cost.py)
+            base = tuple(a for a in base if key_of(a) not in SIZE_KEYS)
+            base = (*base, f"workload.sessions={size}", f"workload.concurrency={self.load or self.sessions}")
+        overrides = (*base, f"repetition={repetition}", *_bench_overrides(bench))
+        return Job(overrides, label, job_levels(overrides), repetition, size)
 
     def jobs(self) -> list[Job]:
         return [self._job(label, 0, self.bench_on) for label in self.arms]
+
+    def run_size(self, records: Sequence[Any], icc: float) -> int | None:
+        """The sessions of the next round's starts, by what a GPU-second buys (analysis/cost.py); None:
+        runs keep the workload's size (`study.stopping.max_run_sessions` unset or no larger)."""
+        from orchestrator.analysis import cost
+
+        largest = self.spec.stopping.max_run_sessions
+        if not largest or largest <= self.sessions:
+            return None
+        model = cost.cost_model(self.spec.cost, self.deployment_cost, records)
+        return cost.run_size(model, icc, self.load or self.sessions, self.sessions, int(largest))
 
     def next_round(self, records: Sequence[Any], launched: int) -> Round:
         from orchestrator.analysis import sequential
         from orchestrator.analysis.runs import run_used
 
         hyps = sequential.study_hypotheses(self.spec)
-        looks, nxt = sequential.next_round(
-            self.spec, hyps, sequential.arm_runs(records, self.spec, run_used), BASELINE_LABEL, self.sessions
-        )
+        arms = sequential.arm_runs(records, self.spec, run_used)
+        done = [r for a in arms.values() for r in a.started]
+        assumed = float(self.spec.assumed_icc)
+        size = self.run_size(records, sequential.icc_at(arms, max(done), assumed) if done else assumed)
+        looks, nxt = sequential.next_round(self.spec, hyps, arms, BASELINE_LABEL, size or self.sessions)
         look = looks[-1] if looks else None
         notes = (sequential.describe(look, sequential.Thresholds.of(self.spec.alpha)),) if look else ()
         if not nxt.arms:
@@ -222,8 +248,11 @@ class Sequential:
                 f"design=sequential needs the arms {missing}, which the sweep does not cover; sweep "
                 f"every hypothesis' factor (hydra.sweeper.params) over its baseline and treatment levels"
             )
-        jobs = tuple(self._job(label, nxt.round, self.bench_on and label in nxt.bench) for label in nxt.arms)
-        return Round(nxt.round, jobs, (*notes, f"round {nxt.round}: {', '.join(nxt.arms)}"), look)
+        jobs = tuple(
+            self._job(label, nxt.round, self.bench_on and label in nxt.bench, size) for label in nxt.arms
+        )
+        sized = f" ({size} sessions each)" if size else ""
+        return Round(nxt.round, jobs, (*notes, f"round {nxt.round}: {', '.join(nxt.arms)}{sized}"), look)
 
     def report_block(self, records: Sequence[Any]) -> dict[str, Any]:
         from orchestrator.analysis import sequential
@@ -335,10 +364,13 @@ def build(
     sessions: int = 0,
     bench_on: bool = True,
     batch_size: int | None = None,
+    load: int = 0,
+    deployment_cost: Mapping[str, Any] | None = None,
 ) -> Design:
     """The design `name` over a sweep: `choices` (key -> its values as `key=value` strings, in
-    command-line order), `extra` overrides every job gets, the sessions per run and whether the
-    throughput sweep is on."""
+    command-line order), `extra` overrides every job gets, the sessions per run, whether the
+    throughput sweep is on, and for a sequential design that sizes its runs, the load they keep and
+    the deployment's cost estimate."""
     check_name(name, "hydra.sweeper.design")
     if name == "ddmin":
         if not spec.ddmin.differences:
@@ -353,7 +385,7 @@ def build(
         arms = {}
         for overrides in ofat_overrides(arms_choices, spec.baseline):
             arms[arm_label(job_levels(overrides), spec.baseline)] = (*overrides, *extra)
-        return Sequential(spec, arms, sessions, bench_on)
+        return Sequential(spec, arms, sessions, bench_on, load or sessions, dict(deployment_cost or {}))
     expand = ofat_overrides(choices, spec.baseline) if name == "ofat" else factorial_overrides(choices)
     return Fixed(name, tuple(_job([*o, *extra], spec.baseline) for o in expand), batch_size)
 

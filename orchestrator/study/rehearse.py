@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator import analysis
-from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, ddmin
+from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, cost, ddmin
 from orchestrator.analysis.result import StudyResult
 from orchestrator.study import designs
 
@@ -184,10 +184,21 @@ def fixed_design(arms: Sequence[ArmTruth], runs: int) -> designs.Fixed:
     return designs.Fixed("ofat", jobs)
 
 
-def sequential_design(spec: StudySpec, arms: Sequence[ArmTruth], sessions: int) -> designs.Sequential:
+def sequential_design(
+    spec: StudySpec,
+    arms: Sequence[ArmTruth],
+    sessions: int,
+    load: int = 0,
+    deployment_cost: Mapping[str, Any] | None = None,
+) -> designs.Sequential:
     """The sequential design over these arms (the rehearsal draws no throughput: no bench)."""
     return designs.Sequential(
-        spec, {a.label: _factor_overrides(a.levels) for a in arms}, sessions, bench_on=False
+        spec,
+        {a.label: _factor_overrides(a.levels) for a in arms},
+        sessions,
+        bench_on=False,
+        load=load or sessions,
+        deployment_cost=dict(deployment_cost or {}),
     )
 
 
@@ -209,7 +220,10 @@ def rehearsed_study(
         nxt = design.next_round(runs, launched)
         if not nxt.jobs:
             return runs
-        runs += [drawn_run(truth_of(job), job.repetition, sessions, rng, kill_rate) for job in nxt.jobs]
+        runs += [
+            drawn_run(truth_of(job), job.repetition, job.sessions or sessions, rng, kill_rate)
+            for job in nxt.jobs
+        ]
         launched = nxt.index
 
 
@@ -227,17 +241,27 @@ def rehearse_design(
     studies: int,
     seed: int,
     kill_rate: float = 0.0,
+    cost_model: cost.CostModel | None = None,
 ) -> tuple[dict[str, Any], list[StudyResult]]:
     """`studies` studies of `design`, each judged as a real one (`judged`); the tally (see the module doc)
-    and the reports. `arms`: the truths of the arms the hypotheses compare."""
+    and the reports. `arms`: the truths of the arms the hypotheses compare. With `cost_model`, the tally
+    has the GPU hours per study too (each run's by the model: a rehearsed run has no wall time)."""
     if sessions < 1 or studies < 1:
         raise ValueError(f"sessions={sessions}, studies={studies} must both be >= 1")
     rng = np.random.default_rng(seed)
-    reports = [
-        judged(spec, design, rehearsed_study(design, truth_of, sessions, rng, kill_rate))
-        for _ in range(studies)
-    ]
-    return tally(spec, truth(spec, arms), reports, studies, seed), reports
+    reports, hours, starts = [], 0.0, 0
+    for _ in range(studies):
+        runs = rehearsed_study(design, truth_of, sessions, rng, kill_rate)
+        reports.append(judged(spec, design, runs))
+        if cost_model is not None:
+            hours += cost.spent(runs, cost_model).gpu_hours
+        starts += len(runs)
+    result = tally(spec, truth(spec, arms), reports, studies, seed)
+    result["starts_per_study"] = starts / studies
+    if cost_model is not None:
+        result["cost"] = cost_model.to_dict()
+        result["gpu_hours_per_study"] = hours / studies
+    return result, reports
 
 
 def _arms_info(arms: Sequence[ArmTruth]) -> list[dict[str, Any]]:
@@ -253,13 +277,18 @@ def rehearse(
     seed: int,
     design: designs.Design | None = None,
     truth_of: Callable[[designs.Job], ArmTruth] | None = None,
+    cost_model: cost.CostModel | None = None,
 ) -> dict[str, Any]:
     """Simulate `studies` studies of a fixed design (default: ofat over `arms`, `runs` each) and judge each
     with `analysis.analyse`; tally verdicts."""
     if runs < 1:
         raise ValueError(f"runs={runs} must be >= 1")
     design = design or fixed_design(arms, runs)
-    result, _ = rehearse_design(spec, design, truth_of or by_label(arms), arms, sessions, studies, seed)
+    result, _ = rehearse_design(
+        spec, design, truth_of or by_label(arms), arms, sessions, studies, seed, cost_model=cost_model
+    )
+    if cost_model is not None:
+        result["fixed_design_gpu_hours"] = cost.fixed_design_hours(cost_model, len(arms), runs, sessions)
     result["design"] = {
         "design": design.name,
         "runs_per_arm": runs,
@@ -362,12 +391,13 @@ def rehearse_sequential(
     kill_rate: float = 0.0,
     design: designs.Design | None = None,
     truth_of: Callable[[designs.Job], ArmTruth] | None = None,
+    cost_model: cost.CostModel | None = None,
 ) -> dict[str, Any]:
     """`rehearse` for `design: sequential`: each study runs in rounds until the evidence decides, and is
     judged as a sequential study's report is."""
     design = design or sequential_design(spec, arms, sessions)
     result, reports = rehearse_design(
-        spec, design, truth_of or by_label(arms), arms, sessions, studies, seed, kill_rate
+        spec, design, truth_of or by_label(arms), arms, sessions, studies, seed, kill_rate, cost_model
     )
     result["design"] = {
         "design": "sequential",
@@ -381,6 +411,10 @@ def rehearse_sequential(
     }
     result["rounds_per_study"] = sum(r.stopping.rounds for r in reports) / studies
     result["fixed_design_sessions"] = len(arms) * spec.stopping.max_runs_per_arm * sessions
+    if cost_model is not None:
+        result["fixed_design_gpu_hours"] = cost.fixed_design_hours(
+            cost_model, len(arms), spec.stopping.max_runs_per_arm, sessions
+        )
     result["sessions_per_arm"] = {
         a.label: sum(r.stopping.sessions_per_arm.get(a.label, 0) for r in reports) / studies for a in arms
     }
@@ -575,6 +609,8 @@ def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Jo
     memo: dict[tuple[str, ...], ArmTruth] = {}
 
     def truth_of(job: designs.Job) -> ArmTruth:
+        # a sized run is composed at its own size: its load is pinned (`workload.concurrency`), so its
+        # rate is its arm's
         key = tuple(a for a in job.overrides if designs.key_of(a) not in RUN_ONLY_KEYS)
         if key not in memo:
             cfg = compose("config", overrides=list(key), return_hydra_config=True)
@@ -595,6 +631,8 @@ def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Jo
 
 # overrides that change a run, not its arm's truth
 RUN_ONLY_KEYS = ("repetition", "bench.enabled", "bench.repetitions")
+
+
 
 
 ROLE_PAIR = ("prefill", "decode")
@@ -681,7 +719,11 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
         choices = choices_of(
             OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(given))
         )
-        design = designs.build(name, spec, choices, sessions=sessions, bench_on=False)
+        deployment_cost = OmegaConf.to_container(cfg.deployment.get("cost") or {}, resolve=True)
+        design = designs.build(
+            name, spec, choices, sessions=sessions, bench_on=False, load=load, deployment_cost=deployment_cost
+        )
+        costs = cost.cost_model(spec.cost, deployment_cost)
         truth_of = job_truths(model, icc)
         if isinstance(design, designs.Ddmin):  # the subsets are composed as the search asks for them
             result = rehearse_ddmin(
@@ -695,10 +737,12 @@ def from_config(argv: Sequence[str]) -> dict[str, Any]:
         else:
             arms = list({t.label: t for t in map(truth_of, design.jobs())}.values())
             if isinstance(design, designs.Sequential):
-                result = rehearse_sequential(spec, arms, sessions, studies, seed, kill_rate, design, truth_of)
+                result = rehearse_sequential(
+                    spec, arms, sessions, studies, seed, kill_rate, design, truth_of, costs
+                )
             else:
                 runs = len({j.repetition for j in design.jobs()})
-                result = rehearse(spec, arms, runs, sessions, studies, seed, design, truth_of)
+                result = rehearse(spec, arms, runs, sessions, studies, seed, design, truth_of, costs)
     result["fault_model"] = {"name": model.name, "source": model.source}
     result["workload"] = {"sessions": sessions, "rounds": rounds, "load": load}
     if "json" in options:
@@ -739,6 +783,14 @@ def render(result: Mapping[str, Any]) -> str:
         f"sessions per study: {result['sessions_per_study']:.0f}; "
         f"mean estimated ICC: {result['mean_icc_estimate']:.4f}",
     ]
+    if "gpu_hours_per_study" in result:
+        model = result["cost"]
+        fixed = result.get("fixed_design_gpu_hours")
+        lines.append(
+            f"GPU hours per study: {result['gpu_hours_per_study']:.2f} ({result['starts_per_study']:.1f} starts; "
+            f"restart {model['restart_s']:g} s, session {model['session_s']:g} s, {model['gpus']} GPUs)"
+            + (f"; the fixed design: {fixed:.2f}, ratio {result['gpu_hours_per_study'] / fixed:.2f}" if fixed else "")
+        )
     if "rounds_per_study" in result:
         lines.append(
             f"rounds per study: {result['rounds_per_study']:.2f}; the fixed design of as many runs per arm: "

@@ -49,6 +49,9 @@ PARENT_FILE = Path(".heisenhunt") / "parent_run_id"
 KIND = "heisenhunt.kind"
 # the process that owns a RUNNING run: host, pid, its start time (run/orphans.py)
 PROCESS_TAG = "heisenhunt.process"
+# on a study (parent) run: the deployment's cost estimate (deployment.cost, JSON), which the report's GPU
+# time uses until the runs measure their own (analysis/cost.py)
+DEPLOYMENT_COST_TAG = "heisenhunt.deployment_cost"
 MAX_TAG = 7900  # MLflow's tag value limit is 8000
 MAX_PARAM = 5900  # and 6000 for params
 PARENT_TAG = "mlflow.parentRunId"

@@ -16,9 +16,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis.runs import LevelSample, RunRecord, placement_of
+from orchestrator.config.plan import arm_conditions
 from orchestrator.config.schema import StudyConf
 from orchestrator.tracking.layout import (
     CORRUPTED,
+    DEPLOYMENT_COST_TAG,
     KIND,
     LAUNCH_ARTIFACT,
     PARENT_TAG,
@@ -127,6 +129,18 @@ def _launch_config(client: MlflowClient, run: Any, tmp: Path) -> dict[str, dict[
     return {role: config[role] for role in sorted(config)}
 
 
+def conditions_of(tags: Mapping[str, str]) -> dict[str, str]:
+    """A run's (or a sweep's) measurement conditions, as today's arm identity reads them."""
+    return arm_conditions(json.loads(tags.get("conditions") or "{}"))
+
+
+def _wall_s(info: Any) -> float | None:
+    """How long the run held its servers, start to end (None while it runs)."""
+    if not info.end_time or not info.start_time:
+        return None
+    return max(0.0, (info.end_time - info.start_time) / 1000)
+
+
 def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str, Any]]) -> RunRecord:
     """A run as the analysis reads it (pure, given what was downloaded for it)."""
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
@@ -154,7 +168,9 @@ def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str
             for k in ("capture_batches", "eager_batches", "bootstrap_failures")
             if k in metrics
         },
-        conditions=json.loads(tags.get("conditions") or "{}"),
+        conditions=conditions_of(tags),
+        wall_s=_wall_s(run.info),
+        stress_s=float(metrics["stress_duration_s"]) if "stress_duration_s" in metrics else None,
         decode_load=decode_load.from_record(metrics, tags),
         placement=placement_of(tags),
     )
@@ -210,7 +226,7 @@ def sweep_runs(
         for r in mine
         if r.info.status == "FINISHED"
     }
-    conditions = parent.data.tags.get("conditions") or "{}"
+    conditions = conditions_of(parent.data.tags)
     earlier = [
         r
         for r in runs
@@ -218,7 +234,7 @@ def sweep_runs(
         and r.info.status == "FINISHED"
         and (key := (r.data.tags.get("signature"), int(r.data.tags.get("repetition", 0)))) in planned
         and key not in covered
-        and (r.data.tags.get("conditions") or "{}") == conditions
+        and conditions_of(r.data.tags) == conditions
     ]
     # one FINISHED run per planned job: the latest, when earlier sweeps ran it more than once
     latest: dict[tuple[str, int], Any] = {}
@@ -272,7 +288,9 @@ def load_study(
         "parent_run_id": parent.info.run_id,
         "overrides": json.loads(parent.data.tags.get("overrides", "[]")),
         "design": parent.data.tags.get("design", ""),
-        "conditions": json.loads(parent.data.tags.get("conditions") or "{}"),
+        "conditions": conditions_of(parent.data.tags),
         "pooled": pooled,
     }
+    if DEPLOYMENT_COST_TAG in parent.data.tags:  # sweeps logged before GPU time was reported have none
+        context["deployment_cost"] = json.loads(parent.data.tags[DEPLOYMENT_COST_TAG])
     return spec, context, runs

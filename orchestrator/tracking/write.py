@@ -29,6 +29,7 @@ from orchestrator.config.schema import StudyConf, TrackingConf
 from orchestrator.tracking.layout import (
     ARMS_VIEW,
     CORRUPTED,
+    DEPLOYMENT_COST_TAG,  # noqa: F401 - the report pipeline tags the study run with it
     KIND,
     LAUNCH_ARTIFACT,
     MAX_PARAM,
@@ -281,11 +282,20 @@ def log_look(uri: str, run_id: str, look: Any) -> None:
 
 
 def end_study_run(
-    uri: str, run_id: str, paths: list[Path], failure: str | None = None, headline: str | None = None
+    uri: str,
+    run_id: str,
+    paths: list[Path],
+    failure: str | None = None,
+    headline: str | None = None,
+    metrics: Mapping[str, float] | None = None,
 ) -> None:
     """Attach the report files and end the parent run: FINISHED, or FAILED with `failure`. The report's
-    `headline` becomes the first paragraph of the run's description, above the study's."""
+    `headline` becomes the first paragraph of the run's description, above the study's; `metrics` (the
+    study's GPU hours, starts, sessions) are logged on it, so the UI compares studies by what they cost."""
     client = make_client(uri)
+    if metrics:
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     for path in paths:
         client.log_artifact(run_id, str(path), "report")
     if headline:
