@@ -150,10 +150,12 @@ def test_the_design_sizes_each_start_by_the_cost_model_and_pins_the_load():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("rate", "icc"), [(0.03, 0.1), (0.15, 0.02), (0.15, 0.1)])
+# where the error is likeliest: restart ICC 0.1 (the 2,000-study cells: bench/rehearse_table.py)
+@pytest.mark.parametrize(("rate", "icc"), [(0.03, 0.1), (0.15, 0.1)])
 def test_sized_runs_keep_family_wise_false_implication_under_alpha(rate, icc):
-    """Null models with the runs sized for a real cluster (180 sessions a start), a fifth of the runs
-    killed part-way: the sizing looks only at the past, so the evidence stays a test martingale."""
+    """Null models with the runs sized for a real cluster (180 sessions a start while the ICC is unknown),
+    a fifth of the runs killed part-way: the sizing looks only at the past, so the evidence stays a test
+    martingale."""
     spec = sized_spec(600, REAL)
     arms = truths(spec, dict.fromkeys(SEED_STORY, rate), icc)
     result = rehearse_sequential(spec, arms, 60, studies=600, seed=21, kill_rate=0.2, cost_model=REAL)
