@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import signal
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,7 @@ class Tracker(Protocol):
     def log_stress(self, summary: Any, out_dir: Path | None) -> None: ...
     def log_bench(self, result: Any, out_dir: Path | None) -> None: ...
     def log_facts(self, facts: Any) -> None: ...
+    def log_held(self, seconds: float) -> None: ...
 
 
 class Workload(Protocol):
@@ -443,6 +445,8 @@ def _teardown(guard: InterruptGuard, deployment: Deployment, out_dir: Path, trac
     """Stop every server, keep their logs, show the GPUs were freed; signals wait until it is done."""
     with guard.shield():
         problems = deployment.stop_all()
+        if deployment.held_since is not None:  # the GPU time this run held (analysis/cost.py)
+            tracker.log_held(time.monotonic() - deployment.held_since)
         collect_logs(deployment, out_dir, tracker)
         gpus_after_teardown(deployment.transports, tracker)
     if problems:

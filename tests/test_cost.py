@@ -92,6 +92,7 @@ def test_gpu_time_spent_counts_every_run_measured_where_known_and_modelled_where
     assert spent.starts == 3 and spent.modelled_runs == 1
     assert spent.wall_s == pytest.approx(540 + 300 + 600)
     assert spent.gpu_hours == pytest.approx(8 * 1440 / 3600)
+    assert spent.model_hours == pytest.approx(8 * (540 + 540 + 600) / 3600)  # the failed run: 60 planned
 
 
 # --- runs of several sizes: one arm -------------------------------------------------------------------

@@ -119,8 +119,13 @@ def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_
     fix = next(t for t in report["throughput"] if t["label"] == "multi_stream=off")
     assert fix["verdict"] in THROUGHPUT_OK, fix
     assert "orchestrator.sim.server" in report["arms"][0]["config"]["decode"]["argv"]
-    assert (
-        (tmp_path / "reports" / "quick" / "report.md")
-        .read_text()
-        .startswith("# quick: Implicated: H-multistream")
-    )
+    text = (tmp_path / "reports" / "quick" / "report.md").read_text()
+    assert text.startswith("# quick: Implicated: H-multistream")
+    # GPU time: every run's held time measured (first start to the end of teardown), the model's times
+    # from the runs, its GPUs the deployment's (the 8 the embedded default stands for)
+    cost = report["cost"]
+    held = [r["wall_s"] for a in report["arms"] for r in a["runs"]]
+    assert cost["modelled_runs"] == 0 and all(0 < s < 120 for s in held), held
+    assert cost["gpu_hours"] == pytest.approx(8 * sum(held) / 3600, abs=1e-3)
+    assert cost["model"]["sources"]["restart_s"].startswith("measured") and cost["model"]["gpus"] == 8
+    assert "## GPU time" in text

@@ -155,21 +155,26 @@ class Spent:
     starts: int
     sessions: int
     modelled_runs: int  # runs whose time is the model's, not measured
+    # every run by the model alone: what compares with the fixed design's (`fixed_design_hours`), which
+    # has no runs to measure
+    model_hours: float = 0.0
 
 
 def spent(records: Iterable[Any], cost: CostModel) -> Spent:
     """What the runs so far held, every run counted (a failed or killed run held the GPUs too)."""
-    wall, starts, sessions, modelled = 0.0, 0, 0, 0
+    wall, by_model, starts, sessions, modelled = 0.0, 0.0, 0, 0, 0
     for r in records:
         n = r.clean + r.corrupted + r.errored
         starts += 1
         sessions += n
+        model_s = cost.run_s(max(n, r.planned), bool(r.bench))
+        by_model += model_s
         if r.wall_s is not None:
             wall += r.wall_s
         else:
-            wall += cost.run_s(max(n, r.planned), bool(r.bench))
+            wall += model_s
             modelled += 1
-    return Spent(cost.gpu_hours(wall), wall, starts, sessions, modelled)
+    return Spent(cost.gpu_hours(wall), wall, starts, sessions, modelled, cost.gpu_hours(by_model))
 
 
 def fixed_design_hours(cost: CostModel, arms: int, starts_per_arm: int, sessions: int, benched: int = 0) -> float:
@@ -187,7 +192,8 @@ def cost_block(
     remaining_hours: float | None = None,
 ) -> dict[str, Any]:
     """report.json's `cost` block: the model and where each figure came from, GPU time spent in all and
-    per arm, and, where the design gives them, the fixed design's and what is left."""
+    per arm (measured where recorded), the same runs by the model alone, and, where the design gives
+    them, the fixed design's (by the model: compare it with `model_gpu_hours`) and what is left."""
     total = spent(records, cost)
     by_arm: dict[str, list[Any]] = {}
     for r in records:
@@ -199,6 +205,7 @@ def cost_block(
         "starts": total.starts,
         "sessions": total.sessions,
         "modelled_runs": total.modelled_runs,
+        "model_gpu_hours": round(total.model_hours, 4),
         "per_arm": {
             label: {
                 "gpu_hours": round((s := spent(runs, cost)).gpu_hours, 4),

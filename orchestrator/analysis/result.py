@@ -378,6 +378,7 @@ class Cost:
     starts: int
     sessions: int
     modelled_runs: int
+    model_gpu_hours: float
     per_arm: Mapping[str, ArmCost]
     fixed_design_gpu_hours: float | None
     remaining_gpu_hours: float | None

@@ -57,8 +57,8 @@ class RunRecord:
     # where it ran: its `cluster` tag and, on a pool, `cluster_pool`, `cluster_pool.member` and `lease.*`
     # (clusters.placement_of); {} for runs logged before runs recorded it (cluster unknown)
     placement: dict[str, str] = field(default_factory=dict)
-    # seconds the run held its servers (start to end of the MLflow run) and spent in its stress phase;
-    # None where not known (a run still going, a rehearsed one): what analysis/cost.py measures from
+    # seconds the run held its servers (first start to the end of teardown: `servers_held_s`) and spent in
+    # its stress phase; None where not recorded (older runs, rehearsed ones): what analysis/cost.py measures
     wall_s: float | None = None
     stress_s: float | None = None
 

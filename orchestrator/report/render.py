@@ -511,8 +511,9 @@ def gpu_time_section(block: Cost | None) -> list[str]:
         sentence += f" ({block.modelled_runs} run(s) without a wall time counted by the model)"
     if block.fixed_design_gpu_hours:
         sentence += (
-            f"; the fixed design of as many starts per arm as this design's budget: "
-            f"{block.fixed_design_gpu_hours:.2f} ({block.gpu_hours / block.fixed_design_gpu_hours:.2f}x)"
+            f". By the cost model these runs take {block.model_gpu_hours:.2f} GPU hours, the fixed design of "
+            f"as many starts per arm as this design's budget {block.fixed_design_gpu_hours:.2f} "
+            f"({block.model_gpu_hours / block.fixed_design_gpu_hours:.2f}x)"
         )
     rows = [[label, f"{a.gpu_hours:.3f}", a.starts, a.sessions] for label, a in block.per_arm.items()]
     return [

@@ -108,6 +108,8 @@ class Deployment:
     # the start time of each started server, as its pid file records it
     started_at: dict[str, str] = field(default_factory=dict)
     startup_s: dict[str, float] = field(default_factory=dict)
+    # time.monotonic() when the first server of this run was started: from then the run holds the GPUs
+    held_since: float | None = None
     on_event: Callable[[str], None] = lambda message: None
 
     def paths(self, role: str) -> Paths:
@@ -328,6 +330,7 @@ class Deployment:
         them, then the router, gated until it has registered both; then warm up."""
         self.stop_all()
         self.check_ports_free()
+        self.held_since = time.monotonic()
         self.start_servers()
         self.start_role("router")
         if self.plan.warmup:

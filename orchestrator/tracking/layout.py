@@ -44,6 +44,8 @@ from mlflow.tracking import MlflowClient
 
 # the arm's outcome, named to sort first
 CORRUPTED, SESSIONS, RATE = "arm.corrupted", "arm.sessions", "arm.rate"
+# seconds a run held its servers, first start to the end of teardown: its GPU time (analysis/cost.py)
+HELD = "servers_held_s"
 PARENT_ENV = "HEISENHUNT_PARENT_RUN_ID"
 PARENT_FILE = Path(".heisenhunt") / "parent_run_id"
 KIND = "heisenhunt.kind"

@@ -21,6 +21,7 @@ from orchestrator.config.schema import StudyConf
 from orchestrator.tracking.layout import (
     CORRUPTED,
     DEPLOYMENT_COST_TAG,
+    HELD,
     KIND,
     LAUNCH_ARTIFACT,
     PARENT_TAG,
@@ -134,13 +135,6 @@ def conditions_of(tags: Mapping[str, str]) -> dict[str, str]:
     return arm_conditions(json.loads(tags.get("conditions") or "{}"))
 
 
-def _wall_s(info: Any) -> float | None:
-    """How long the run held its servers, start to end (None while it runs)."""
-    if not info.end_time or not info.start_time:
-        return None
-    return max(0.0, (info.end_time - info.start_time) / 1000)
-
-
 def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str, Any]]) -> RunRecord:
     """A run as the analysis reads it (pure, given what was downloaded for it)."""
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
@@ -169,7 +163,7 @@ def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str
             if k in metrics
         },
         conditions=conditions_of(tags),
-        wall_s=_wall_s(run.info),
+        wall_s=float(metrics[HELD]) if HELD in metrics else None,
         stress_s=float(metrics["stress_duration_s"]) if "stress_duration_s" in metrics else None,
         decode_load=decode_load.from_record(metrics, tags),
         placement=placement_of(tags),

@@ -30,6 +30,7 @@ from orchestrator.tracking.layout import (
     ARMS_VIEW,
     CORRUPTED,
     DEPLOYMENT_COST_TAG,  # noqa: F401 - the report pipeline tags the study run with it
+    HELD,
     KIND,
     LAUNCH_ARTIFACT,
     MAX_PARAM,
@@ -442,6 +443,10 @@ class ArmTracker:
     def _flush_startup(self) -> None:
         pending, self._startup = self._startup, {}
         self._metrics(pending)
+
+    def log_held(self, seconds: float) -> None:
+        """How long the run held its servers (their GPUs): from the first start to the end of teardown."""
+        self._metrics({HELD: round(seconds, 3)})
 
     def log_stress(self, summary: StressSummary, out_dir: Path | None) -> None:
         """Counts, rate and its exact interval; partial when fewer sessions than planned have an outcome."""
