@@ -204,3 +204,18 @@ def test_the_progress_display_states_gpu_time_held_and_left():
     line = progress_lines(view, now=1800.0)[-1]
     assert "GPU time 4.00 h on 8 GPU(s)" in line and "h more" in line
     assert "GPU time" not in progress_lines(replace(view, gpus=0), now=1800.0)[-1]
+
+
+def test_an_interrupted_sequential_study_states_the_most_gpu_time_it_may_still_spend():
+    from orchestrator.study.designs import analyse_study
+
+    spec = sized_spec(None, REAL)  # 4 starts per arm at most
+    arms = truths(spec, SEED_STORY, 0.02)
+    runs = [r for r in sequential_study(spec, arms, 60, np.random.default_rng(2)) if r.repetition == 0]
+    block = report_json(spec, runs)["cost"]  # no design named: a fixed study's report, no budget
+    assert block["remaining_gpu_hours"] is None
+    result = analyse_study(spec, runs, {"design": "sequential"})
+    # one round of five arms: nothing decided before two; four hypotheses open, five arms, three rounds left
+    assert result.cost.remaining_gpu_hours == pytest.approx(REAL.gpu_hours(5 * 3 * REAL.run_s(60)), abs=1e-3)
+    assert result.cost.fixed_design_gpu_hours == pytest.approx(REAL.gpu_hours(5 * 4 * REAL.run_s(60)), abs=1e-3)
+    assert "at most 18.00 GPU hours more" in render_markdown(result)

@@ -808,12 +808,20 @@ def gpu_time_block(
     fixed design of as many starts per arm at the smallest run size would have spent."""
     model = cost.cost_model(spec.cost, (context or {}).get("deployment_cost"), runs)
     label_of = {run["run_id"]: a["label"] for a in arms for run in a["runs"]}
-    fixed = None
+    fixed = remaining = None
     if stopping is not None and runs:
         smallest = min((r.planned or r.clean + r.corrupted) for r in runs)
+        max_runs = int(spec.stopping.max_runs_per_arm)
         compared = len(stopping["sessions_per_arm"]) or len(arms)
-        fixed = cost.fixed_design_hours(model, compared, int(spec.stopping.max_runs_per_arm), smallest)
-    return cost.cost_block(model, runs, lambda r: label_of.get(r.run_id, "?"), fixed)
+        fixed = cost.fixed_design_hours(model, compared, max_runs, smallest)
+        # an interrupted study: the most its open hypotheses may still spend (each one's treatment and
+        # the baseline, every round the budget has left)
+        last = stopping["trace"][-1]["hypotheses"] if stopping["trace"] else {}
+        still_open = sum(1 for h in last.values() if h["verdict"] is None)
+        open_arms = still_open + 1 if still_open else 0
+        left = max(0, max_runs - int(stopping["rounds"]))
+        remaining = cost.fixed_design_hours(model, open_arms, left, smallest) if open_arms else 0.0
+    return cost.cost_block(model, runs, lambda r: label_of.get(r.run_id, "?"), fixed, remaining)
 
 
 def counted_families(arm: Mapping[str, Any]) -> list[str]:

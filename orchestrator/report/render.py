@@ -515,6 +515,11 @@ def gpu_time_section(block: Cost | None) -> list[str]:
             f"as many starts per arm as this design's budget {block.fixed_design_gpu_hours:.2f} "
             f"({block.model_gpu_hours / block.fixed_design_gpu_hours:.2f}x)"
         )
+    if block.remaining_gpu_hours:
+        sentence += (
+            f". Undecided when it stopped: at most {block.remaining_gpu_hours:.2f} GPU hours more would "
+            f"settle or exhaust the budget (`resume=true`)"
+        )
     rows = [[label, f"{a.gpu_hours:.3f}", a.starts, a.sessions] for label, a in block.per_arm.items()]
     return [
         "## GPU time",
