@@ -164,6 +164,12 @@ def test_a_users_own_factor_on_the_searchpath_is_known(compose_cfg, tmp_path):
             ["min_runs_per_arm=4", "max_runs_per_arm=3"],
         ),
         (["study.stopping.max_sessions=10"], ["study.stopping.max_sessions: 10", "workload.sessions=80"]),
+        (
+            ["study.stopping.max_run_sessions=40"],
+            ["study.stopping.max_run_sessions: 40", "at least workload.sessions=80"],
+        ),
+        (["study.cost.restart_s=-1"], ["study.cost.restart_s: -1.0 must be >= 0"]),
+        (["deployment.cost.gpus=-8"], ["deployment.cost.gpus: -8 must be >= 0"]),
     ],
 )
 def test_a_sequential_budget_that_cannot_run_is_refused(compose_cfg, overrides, expected):

@@ -205,6 +205,7 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
             problems.append(f"{where}: set `module` (python -m MODULE) or `command` (an argv list)")
         problems += validate_env(where, launch.env)
         problems += validate_flags(where, launch.flags)
+    problems += cost_problems(job.deployment.cost, "deployment.cost")
     if not problems:
         for on_one in jobs_on_pool(job):
             problems += arm_problems(on_one)
@@ -234,8 +235,25 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
             f"study.stopping.max_sessions: {stopping.max_sessions} must be null or at least one run's "
             f"sessions (workload.sessions={job.workload.sessions})"
         )
+    largest = stopping.max_run_sessions
+    if largest is not None and largest < job.workload.sessions:
+        problems.append(
+            f"study.stopping.max_run_sessions: {largest} must be null (every run has workload.sessions) or "
+            f"at least workload.sessions={job.workload.sessions}, the smallest run a sequential study sizes"
+        )
+    problems += cost_problems(job.study.cost, "study.cost")
     if any(int(c) < 1 for c in job.bench.concurrency):
         problems.append(f"bench.concurrency: {list(job.bench.concurrency)} must all be >= 1")
+    return problems
+
+
+def cost_problems(cost: Any, where: str) -> list[str]:
+    """A cost model's figures (study.cost, deployment.cost): seconds and GPUs, none negative."""
+    problems = []
+    for key in ("restart_s", "session_s", "bench_s", "gpus"):
+        value = getattr(cost, key, None)
+        if value is not None and float(value) < 0:
+            problems.append(f"{where}.{key}: {value} must be >= 0 (null: measured from the runs)")
     return problems
 
 
