@@ -216,6 +216,35 @@ def test_failed_and_killed_statuses(cfg_for):
     assert finished_runs(str(cfg.tracking.uri), "no-such-study") == set()
 
 
+def test_an_interrupt_while_the_run_is_created_ends_it_killed(cfg_for, monkeypatch):
+    """The fault campaign's seed 600203567: a SIGINT inside MLflow's create_run, after the store had the
+    run, escaped with no tracker to end it (RUNNING until the next sweep). Here the store has the run when
+    SIGINT arrives, and create_run still has work to do."""
+    import signal
+    import time
+
+    cfg = cfg_for()
+    job, plan = job_and_plan(cfg)
+    client = client_for(cfg)
+    real = MlflowClient.create_run
+
+    def interrupted_after_the_store_has_it(self, *args, **kwargs):
+        run = real(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # the rest of create_run: the interrupt lands here
+        return run
+
+    monkeypatch.setattr(MlflowClient, "create_run", interrupted_after_the_store_has_it)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ArmTracker.start(job.tracking, job.study, plan, 0, None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    runs = client.search_runs([client.get_experiment_by_name(str(cfg.study.name)).experiment_id])
+    assert [r.info.status for r in runs] == ["KILLED"]
+
+
 def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
     cfg = cfg_for(f"+deployment.roles.decode.env.HF_TOKEN={SECRET}")
     job, plan = job_and_plan(cfg)

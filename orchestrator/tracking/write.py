@@ -11,6 +11,8 @@ import logging
 import os
 import shlex
 import tempfile
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping
@@ -333,6 +335,35 @@ def launch_record(plan: ArmPlan) -> dict[str, dict[str, Any]]:
     }
 
 
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+Held = tuple[dict[int, Any], list[int]]
+
+
+def _hold_interrupts() -> Held | None:
+    """Note SIGINT and SIGTERM instead of acting on them, until `_release_interrupts`: Python's handlers,
+    not the thread's signal mask (the kernel hands a process's signal to any thread that does not block
+    it, and Python then runs the handler in the main thread all the same). None off the main thread,
+    where handlers cannot be set (and never run)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in INTERRUPTS}
+    return previous, caught
+
+
+def _release_interrupts(held: Held | None) -> None:
+    """Put the handlers back, and raise again the first signal that came meanwhile: its own handler runs
+    now, here."""
+    if held is None:
+        return
+    previous, caught = held
+    for sig, handler in previous.items():
+        if handler is not None:  # None: a handler set outside Python, which signal.signal cannot put back
+            signal.signal(sig, handler)
+    if caught:
+        signal.raise_signal(caught[0])
+
+
 class ArmTracker:
     """One MLflow child run per arm x repetition. Use as a context manager:
 
@@ -381,9 +412,18 @@ class ArmTracker:
         if parent_run_id:
             tags[PARENT_TAG] = parent_run_id
         tags.update(extra_tags or {})
-        run = client.create_run(exp_id, tags=tags, run_name=f"{label} #{int(repetition)}")
+        # an interrupt while the run is created waits until a tracker holds it, which then ends it KILLED
+        # (found by the fault campaign, seed 600203567: a SIGINT inside create_run, after the store had
+        # the run, left it RUNNING until the next sweep ended it FAILED)
+        held = _hold_interrupts()
+        try:
+            run = client.create_run(exp_id, tags=tags, run_name=f"{label} #{int(repetition)}")
+        except BaseException:
+            _release_interrupts(held)
+            raise
         tracker = cls(client, run.info.run_id, plan.secrets)
         try:
+            _release_interrupts(held)  # a signal that came meanwhile is raised here
             tracker._log_params(plan)
         except (
             BaseException
