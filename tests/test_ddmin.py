@@ -85,10 +85,39 @@ def test_split_keeps_order_and_balances_sizes():
     assert ddmin.split(list("ab"), 4) == [["a"], ["b"]]
 
 
-def test_the_jth_subset_is_tested_at_a_share_of_alpha_that_sums_to_alpha():
-    shares = [ddmin.test_alpha(0.05, j) for j in range(1, 100_000)]
-    assert shares[0] == pytest.approx(0.025)
-    assert sum(shares) < 0.05 and sum(shares) == pytest.approx(0.05, rel=1e-4)
+def asked_with_an_exact_oracle(ids, culprits) -> int:
+    """How many distinct subsets the search asks about when its every verdict is right: the good, bad
+    and deploy checks, QuickXplain's and the one-minimality removals'."""
+    corrupts, asked = exact_oracle(culprits)
+    found = ddmin.one_minimal(ddmin.quickxplain(ids, corrupts, lambda _: None), corrupts, lambda _: None)
+    return len({frozenset(), frozenset(ids), frozenset(ids) - set(found), *asked})
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 20, 40])
+def test_the_planned_number_of_tests_is_the_search_s_average_for_two_needed_differences(n):
+    ids = [f"x{i:02d}" for i in range(n)]
+    pairs = list(itertools.combinations(ids, 2))
+    mean = sum(asked_with_an_exact_oracle(ids, pair) for pair in pairs) / len(pairs)
+    assert abs(ddmin.planned_tests(n) - mean) <= 0.7, (ddmin.planned_tests(n), mean)
+    assert ddmin.planned_tests(20) == 15
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 20, 40, 200])
+def test_the_shares_of_alpha_sum_to_at_most_alpha_over_any_number_of_tests_and_never_increase(n):
+    shares = [ddmin.test_alpha(0.05, n, j) for j in range(1, 100_001)]
+    assert sum(shares) <= 0.05 and sum(shares) == pytest.approx(0.05, rel=1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(shares))
+    # fixed before any run: a function of (alpha, n, j) alone, the same at every call
+    assert shares == [ddmin.test_alpha(0.05, n, j) for j in range(1, 100_001)]
+
+
+@pytest.mark.parametrize("n", [5, 20, 40, 200])
+def test_the_planned_tests_get_more_than_alpha_over_j_j_plus_1_from_the_middle_of_the_plan_on(n):
+    planned = ddmin.planned_tests(n)
+    for j in range(planned // 2, planned + 1):
+        assert ddmin.test_alpha(0.05, n, j) > 0.05 / (j * (j + 1)), j
+    # past the plan, the tail: the (J + 1)th share spread as alpha / (i (i + 1))
+    assert ddmin.test_alpha(0.05, n, planned + 1) == pytest.approx(0.05 / (planned + 1) / 2)
 
 
 # --- the search on runs: reuse, replay, the jobs it asks for ------------------------------------------

@@ -23,11 +23,18 @@ beta-binomial runs with the study's ICC):
   of the two e-values), and reported: the error bound then no longer covers the answer.
 No verdict before `study.stopping.min_runs_per_arm` runs (one start cannot show the restart variation).
 
-Error rate: the j-th subset the search asks about is tested at alpha_j = alpha / (j (j + 1)), and these
-sum to alpha over any number of tests. Each verdict is an anytime-valid test (Ville's inequality), so
-the chance that any verdict of the whole search is wrong is at most alpha (for the ICC used), and
-when every verdict is right ddmin's answer is exactly 1-minimal; when the corruption needs one
-conjunction of differences, that is the true minimal set.
+Error rate: the j-th subset the search asks about is tested at alpha_j (`test_alpha`), planned from the
+number of differences n before any run. A search over n differences, two of which corrupt only together,
+asks about J = planned_tests(n) subsets on average (15 of 20); each of the first J gets alpha / (J + 1),
+and the last share is spread over any further ones as alpha / (i (i + 1)) spreads alpha. These sum to
+alpha over any number of tests. Why plan for two: a subset's threshold is log(1 / alpha_j), so planning
+for more tests than come costs little on each (one culprit of 20 asks about 8-9 subsets: log(16 / 9),
+under a quarter of a clean run's evidence), while each test past the plan pays log(i (i + 1)) more, and
+three that corrupt together ask about 19 of 20. (alpha / (j (j + 1)), spent from the first subset on,
+gave the 15th alpha / 240: a clean subset that late needed a run or two more than at alpha / 16.) Each
+verdict is an anytime-valid test (Ville's inequality), so the chance that any verdict of the whole search
+is wrong is at most alpha (for the ICC used), and when every verdict is right ddmin's answer is exactly
+1-minimal; when the corruption needs one conjunction of differences, that is the true minimal set.
 
 Arms already run are reused: the search is a pure function of every run so far (`search`), replayed
 from the start at each look, so a resumed study, or a subset the search asks about twice, spends
@@ -61,10 +68,33 @@ def one_at_a_time_sessions(differences: int, run_size: int) -> int:
     return (differences + 1) * ONE_AT_A_TIME_STARTS * run_size
 
 
-def test_alpha(alpha: float, index: int) -> float:
-    """The error rate the index-th subset tried (1-based) is tested at: alpha / (j (j + 1)), which sum
-    to alpha over any number of tests."""
-    return alpha / (index * (index + 1))
+# the search plans its alpha for this many differences that corrupt only together (module doc: why two)
+PLANNED_NEEDED = 2
+
+
+def planned_tests(differences: int) -> int:
+    """How many subsets the search is expected to ask about over this many differences when
+    PLANNED_NEEDED of them corrupt only together, averaged over where they sit: the bad, deploy and good
+    checks, QuickXplain's subsets (about k (1.45 log2(n / k) + 0.7) for k needed differences of n, with
+    an exact oracle: fewer than Junker's bound 2k log2(n / k) + 2k) and the one one-minimality removal
+    QuickXplain has not asked about already. Within 0.2 of an exact oracle's average for 3 to 200
+    differences (tests/test_ddmin.py measures it)."""
+    k = PLANNED_NEEDED
+    n = max(differences, k)
+    return round(4 + k * (1.45 * math.log2(n / k) + 0.7))
+
+
+def test_alpha(alpha: float, differences: int, index: int) -> float:
+    """The error rate the index-th subset tried (1-based) is tested at, planned before any run: J + 1
+    equal shares of alpha for J = planned_tests(differences), one for each of the first J subsets and
+    the last spread over any further ones as alpha / (i (i + 1)) spreads alpha over the i-th. These sum
+    to alpha over any number of tests, and never increase with the index."""
+    planned = planned_tests(differences)
+    share = alpha / (planned + 1)
+    if index <= planned:
+        return share
+    extra = index - planned
+    return share / (extra * (extra + 1))
 
 
 def levels_of(subset: Subset, ids: Sequence[str]) -> dict[str, str]:
@@ -223,7 +253,7 @@ def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: 
     def oracle(subset: Subset, role: str = "search") -> bool:
         if subset not in asked:
             index = len(asked) + 1
-            alpha_j = test_alpha(settings.alpha, index)
+            alpha_j = test_alpha(settings.alpha, len(ids), index)
             runs = tuple(tuple(int(x) for x in r) for r in runs_by_subset.get(subset, ()))
             verdict, ev = verdict_of(
                 runs, icc, settings.ceiling, math.log(1 / alpha_j), settings.min_runs, settings.max_runs
@@ -340,11 +370,13 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
     spent = sum(n for rs in runs.values() for _, n in rs)
     sizes = [n for rs in runs.values() for _, n in rs]
     run_size = round(sum(sizes) / len(sizes)) if sizes else 0
+    planned = planned_tests(len(ids))
     return {
         "method": (
             "adaptive group testing (QuickXplain, then ddmin's 1-minimal check), each subset judged by "
             "anytime-valid e-values against the ceiling on beta-binomial runs; the j-th subset at "
-            "alpha / (j (j + 1)) (orchestrator/analysis/ddmin.py)"
+            f"alpha / {planned + 1} for the first {planned} planned (the {planned + 1}th share spread "
+            "over any further j as alpha / (i (i + 1)), i = j - planned) (orchestrator/analysis/ddmin.py)"
         ),
         "differences": [
             {"id": d.id, "description": d.description, "sets": difference_settings(d)}
