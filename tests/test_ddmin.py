@@ -240,6 +240,31 @@ def test_a_bad_configuration_that_does_not_corrupt_yields_no_minimal_set():
     assert wrong / 300 <= spec.alpha
 
 
+def test_the_family_wise_error_stays_under_alpha_where_every_verdict_on_a_clean_subset_is_wrong():
+    # the least favourable truth: each subset without both culprits sits at the ceiling exactly, so any
+    # verdict on it, clean or corrupting, is wrong; the culprits' subsets corrupt (the search goes on
+    # through them), the ICC is four times the built-in model's, and the search estimates it
+    ids, culprits = IDS[:8], {"d01", "d05"}
+    spec = spec_for(ids, max_runs=5)
+
+    def truth_of(subset):
+        rate = 0.155 if culprits <= subset else spec.ceiling
+        return ArmTruth(ddmin.describe_subset(subset, ids), ddmin.levels_of(subset, ids), rate, 0.02)
+
+    def wrong(trial) -> bool:
+        at_ceiling = not culprits <= set(trial["subset"])
+        return trial["verdict"] == "clean" or (at_ceiling and trial["verdict"] == "corrupting")
+
+    rng = np.random.default_rng(1)
+    studies, with_a_wrong_verdict, trials = 200, 0, 0
+    for _ in range(studies):
+        block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng))
+        with_a_wrong_verdict += any(wrong(t) for t in block["trials"])
+        trials += len(block["trials"])
+    assert trials / studies > 8  # the search went past its checks: each of its verdicts had its chance
+    assert with_a_wrong_verdict / studies <= spec.alpha, with_a_wrong_verdict
+
+
 def test_the_error_bound_is_at_most_alpha_and_covers_decided_searches():
     _, _, blocks = rehearse(["d05"], 50, seed=2)
     for b in blocks:
