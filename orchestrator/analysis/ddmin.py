@@ -31,7 +31,7 @@ alpha over any number of tests. Why plan for two: a subset's threshold is log(1 
 for more tests than come costs little on each (one culprit of 20 asks about 8-9 subsets: log(16 / 9),
 under a quarter of a clean run's evidence), while each test past the plan pays log(i (i + 1)) more, and
 three that corrupt together ask about 19 of 20. (alpha / (j (j + 1)), spent from the first subset on,
-gave the 15th alpha / 240: a clean subset that late needed a run or two more than at alpha / 16.) Each
+gave the 15th alpha / 240: 2.7 nats more to reach than alpha / 16, about one clean run's evidence.) Each
 verdict is an anytime-valid test (Ville's inequality), so the chance that any verdict of the whole search
 is wrong is at most alpha (for the ICC used), and when every verdict is right ddmin's answer is exactly
 1-minimal; when the corruption needs one conjunction of differences, that is the true minimal set.
@@ -380,8 +380,9 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
         "method": (
             "adaptive group testing (QuickXplain, then ddmin's 1-minimal check), each subset judged by "
             "anytime-valid e-values against the ceiling on beta-binomial runs; the j-th subset at "
-            f"alpha / {planned + 1} for the first {planned} planned (the {planned + 1}th share spread "
-            "over any further j as alpha / (i (i + 1)), i = j - planned) (orchestrator/analysis/ddmin.py)"
+            f"alpha / {planned + 1} for the first {planned} (planned from the number of differences), one "
+            f"more share of alpha / {planned + 1} spread over any further j as alpha / (i (i + 1)) with "
+            f"i = j - {planned} (orchestrator/analysis/ddmin.py)"
         ),
         "differences": [
             {"id": d.id, "description": d.description, "sets": difference_settings(d)}
