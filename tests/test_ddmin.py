@@ -85,10 +85,39 @@ def test_split_keeps_order_and_balances_sizes():
     assert ddmin.split(list("ab"), 4) == [["a"], ["b"]]
 
 
-def test_the_jth_subset_is_tested_at_a_share_of_alpha_that_sums_to_alpha():
-    shares = [ddmin.test_alpha(0.05, j) for j in range(1, 100_000)]
-    assert shares[0] == pytest.approx(0.025)
-    assert sum(shares) < 0.05 and sum(shares) == pytest.approx(0.05, rel=1e-4)
+def asked_with_an_exact_oracle(ids, culprits) -> int:
+    """How many distinct subsets the search asks about when its every verdict is right: the good, bad
+    and deploy checks, QuickXplain's and the one-minimality removals'."""
+    corrupts, asked = exact_oracle(culprits)
+    found = ddmin.one_minimal(ddmin.quickxplain(ids, corrupts, lambda _: None), corrupts, lambda _: None)
+    return len({frozenset(), frozenset(ids), frozenset(ids) - set(found), *asked})
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 20, 40])
+def test_the_planned_number_of_tests_is_the_search_s_average_for_two_needed_differences(n):
+    ids = [f"x{i:02d}" for i in range(n)]
+    pairs = list(itertools.combinations(ids, 2))
+    mean = sum(asked_with_an_exact_oracle(ids, pair) for pair in pairs) / len(pairs)
+    assert abs(ddmin.planned_tests(n) - mean) <= 0.7, (ddmin.planned_tests(n), mean)
+    assert ddmin.planned_tests(20) == 15
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 20, 40, 200])
+def test_the_shares_of_alpha_sum_to_at_most_alpha_over_any_number_of_tests_and_never_increase(n):
+    shares = [ddmin.test_alpha(0.05, n, j) for j in range(1, 100_001)]
+    assert sum(shares) <= 0.05 and sum(shares) == pytest.approx(0.05, rel=1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(shares))
+    # fixed before any run: a function of (alpha, n, j) alone, the same at every call
+    assert shares == [ddmin.test_alpha(0.05, n, j) for j in range(1, 100_001)]
+
+
+@pytest.mark.parametrize("n", [5, 20, 40, 200])
+def test_the_planned_tests_get_more_than_alpha_over_j_j_plus_1_from_the_middle_of_the_plan_on(n):
+    planned = ddmin.planned_tests(n)
+    for j in range(planned // 2, planned + 1):
+        assert ddmin.test_alpha(0.05, n, j) > 0.05 / (j * (j + 1)), j
+    # past the plan, the tail: the (J + 1)th share spread as alpha / (i (i + 1))
+    assert ddmin.test_alpha(0.05, n, planned + 1) == pytest.approx(0.05 / (planned + 1) / 2)
 
 
 # --- the search on runs: reuse, replay, the jobs it asks for ------------------------------------------
@@ -109,17 +138,22 @@ def run(subset, repetition, k, n=60, status="FINISHED"):
     )
 
 
-def test_the_first_round_starts_the_good_configuration_twice_with_the_bench_on_its_first_run():
+BAD = frozenset(IDS)
+
+
+def test_the_first_round_starts_the_bad_configuration_twice():
     nxt = ddmin.next_round(IDS, {}, {}, ddmin.Settings.of(spec_for()))
-    assert nxt.jobs == [(frozenset(), 0, True), (frozenset(), 1, False)]
+    assert nxt.jobs == [(BAD, 0, False), (BAD, 1, False)]
+    # a dry run shows and checks the good configuration too: the search tries it last
+    assert [j.label for j in designs.Ddmin(spec_for()).jobs()] == ["bad", "bad", "good"]
 
 
 def test_a_killed_run_is_not_pooled_and_its_repetition_is_not_run_again():
-    records = [run(frozenset(), 0, 0), run(frozenset(), 1, 3, status="KILLED")]
+    records = [run(BAD, 0, 9), run(BAD, 1, 3, status="KILLED")]
     runs, started = ddmin.runs_from_records(records, IDS, run_used)
-    assert runs == {frozenset(): [(0, 60)]} and started == {frozenset(): {0, 1}}
+    assert runs == {BAD: [(9, 60)]} and started == {BAD: {0, 1}}
     nxt = ddmin.next_round(IDS, runs, started, ddmin.Settings.of(spec_for()))
-    assert nxt.jobs == [(frozenset(), 2, False)]  # one more run of the good configuration, repetition 2
+    assert nxt.jobs == [(BAD, 2, False)]  # one more run of the bad configuration, repetition 2
 
 
 def test_the_search_is_a_replay_of_the_runs_so_every_subset_is_paid_for_once():
@@ -142,17 +176,25 @@ def test_the_search_is_a_replay_of_the_runs_so_every_subset_is_paid_for_once():
         assert {s for s, _, _ in nxt.jobs} <= tried
 
 
-def test_when_the_deploy_configuration_is_first_run_the_good_one_runs_beside_it_with_the_bench():
+def test_the_configuration_to_deploy_and_the_good_one_start_together_the_bench_on_each_first_run():
     spec = spec_for()
-    rng = np.random.default_rng(3)
-    records = ddmin_study(spec, conjunction_truth(IDS, ["d03"]), 60, rng)
+    records = ddmin_study(spec, conjunction_truth(IDS, ["d03"]), 60, np.random.default_rng(3))
     block = designs.Ddmin(spec).report_block(records)
-    deploy = frozenset(block["deploy"])
-    first_deploy = min(r.repetition for r in records if ddmin.subset_of(r.factors, IDS) == deploy)
-    assert first_deploy == 0
-    # the round that started the deploy configuration also ran the good one (its last repetition)
-    index = next(i for i, r in enumerate(records) if ddmin.subset_of(r.factors, IDS) == deploy)
-    assert any(ddmin.subset_of(r.factors, IDS) == frozenset() for r in records[index:])
+    deploy, good = frozenset(block["deploy"]), frozenset()
+    assert [t["role"] for t in block["trials"]][-2:] == ["deploy", "good"]
+    # the round the search launches once the minimal set is found
+    cut = next(i for i, r in enumerate(records) if ddmin.subset_of(r.factors, IDS) == deploy)
+    runs, started = ddmin.runs_from_records(records[:cut], IDS, run_used)
+    nxt = ddmin.next_round(IDS, runs, started, ddmin.Settings.of(spec))
+    assert nxt.jobs == [(deploy, 0, True), (deploy, 1, False), (good, 0, True), (good, 1, False)]
+
+
+def test_a_good_configuration_that_corrupts_too_voids_the_answer():
+    spec = spec_for()
+    truth_of = conjunction_truth(IDS, [])  # every subset corrupts, the good configuration too
+    block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, np.random.default_rng(4)))
+    assert block["done"] and block["minimal"] is None and block["trials"][-1]["role"] == "good"
+    assert block["outcome"].startswith("the good configuration corrupts too")
 
 
 # --- Monte Carlo: the promises of the issue, >= 1,000 studies each ------------------------------------
@@ -196,6 +238,31 @@ def test_a_bad_configuration_that_does_not_corrupt_yields_no_minimal_set():
         block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng))
         wrong += block["minimal"] is not None
     assert wrong / 300 <= spec.alpha
+
+
+def test_the_family_wise_error_stays_under_alpha_where_every_verdict_on_a_clean_subset_is_wrong():
+    # the least favourable truth: each subset without both culprits sits at the ceiling exactly, so any
+    # verdict on it, clean or corrupting, is wrong; the culprits' subsets corrupt (the search goes on
+    # through them), the ICC is four times the built-in model's, and the search estimates it
+    ids, culprits = IDS[:8], {"d01", "d05"}
+    spec = spec_for(ids, max_runs=5)
+
+    def truth_of(subset):
+        rate = 0.155 if culprits <= subset else spec.ceiling
+        return ArmTruth(ddmin.describe_subset(subset, ids), ddmin.levels_of(subset, ids), rate, 0.02)
+
+    def wrong(trial) -> bool:
+        at_ceiling = not culprits <= set(trial["subset"])
+        return trial["verdict"] == "clean" or (at_ceiling and trial["verdict"] == "corrupting")
+
+    rng = np.random.default_rng(1)
+    studies, with_a_wrong_verdict, trials = 200, 0, 0
+    for _ in range(studies):
+        block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng))
+        with_a_wrong_verdict += any(wrong(t) for t in block["trials"])
+        trials += len(block["trials"])
+    assert trials / studies > 8  # the search went past its checks: each of its verdicts had its chance
+    assert with_a_wrong_verdict / studies <= spec.alpha, with_a_wrong_verdict
 
 
 def test_the_error_bound_is_at_most_alpha_and_covers_decided_searches():

@@ -23,17 +23,28 @@ beta-binomial runs with the study's ICC):
   of the two e-values), and reported: the error bound then no longer covers the answer.
 No verdict before `study.stopping.min_runs_per_arm` runs (one start cannot show the restart variation).
 
-Error rate: the j-th subset the search asks about is tested at alpha_j = alpha / (j (j + 1)), and these
-sum to alpha over any number of tests. Each verdict is an anytime-valid test (Ville's inequality), so
-the chance that any verdict of the whole search is wrong is at most alpha (for the ICC used), and
-when every verdict is right ddmin's answer is exactly 1-minimal; when the corruption needs one
-conjunction of differences, that is the true minimal set.
+Error rate: the j-th subset the search asks about is tested at alpha_j (`test_alpha`), planned from the
+number of differences n before any run. A search over n differences, two of which corrupt only together,
+asks about J = planned_tests(n) subsets on average (15 of 20); each of the first J gets alpha / (J + 1),
+and the last share is spread over any further ones as alpha / (i (i + 1)) spreads alpha. These sum to
+alpha over any number of tests. Why plan for two: a subset's threshold is log(1 / alpha_j), so planning
+for more tests than come costs little on each (one culprit of 20 asks about 8-9 subsets: log(16 / 9),
+under a quarter of a clean run's evidence), while each test past the plan pays log(i (i + 1)) more, and
+three that corrupt together ask about 19 of 20. (alpha / (j (j + 1)), spent from the first subset on,
+gave the 15th alpha / 240: 2.7 nats more to reach than alpha / 16, about one clean run's evidence.) Each
+verdict is an anytime-valid test (Ville's inequality), so the chance that any verdict of the whole search
+is wrong is at most alpha (for the ICC used), and when every verdict is right ddmin's answer is exactly
+1-minimal; when the corruption needs one conjunction of differences, that is the true minimal set.
 
 Arms already run are reused: the search is a pure function of every run so far (`search`), replayed
 from the start at each look, so a resumed study, or a subset the search asks about twice, spends
-nothing twice. Before the search, the good configuration must be clean and the bad one corrupting;
-after it, the configuration to deploy (the bad one minus the minimal set) is tried too: if it still
-corrupts, the bad configuration has another cause as well, and the report says so.
+nothing twice. Before the search, the bad configuration must corrupt; after it, the configuration to
+deploy (the bad one minus the minimal set) is tried: if it still corrupts, the bad configuration has
+another cause as well, and the report says so. The good configuration must be clean for the answer to
+hold (the search takes no difference applied for clean); it is tried last, beside the configuration to
+deploy, because the throughput sweep compares the two side by side in one round anyway: checked first,
+it ran once more there for nothing but the sweep. A good configuration that corrupts voids the answer,
+and the report says so (the study's premise, "it works with last month's", was wrong).
 """
 
 from __future__ import annotations
@@ -61,10 +72,33 @@ def one_at_a_time_sessions(differences: int, run_size: int) -> int:
     return (differences + 1) * ONE_AT_A_TIME_STARTS * run_size
 
 
-def test_alpha(alpha: float, index: int) -> float:
-    """The error rate the index-th subset tried (1-based) is tested at: alpha / (j (j + 1)), which sum
-    to alpha over any number of tests."""
-    return alpha / (index * (index + 1))
+# the search plans its alpha for this many differences that corrupt only together (module doc: why two)
+PLANNED_NEEDED = 2
+
+
+def planned_tests(differences: int) -> int:
+    """How many subsets the search is expected to ask about over this many differences when
+    PLANNED_NEEDED of them corrupt only together, averaged over where they sit: the bad, deploy and good
+    checks, QuickXplain's subsets (about k (1.45 log2(n / k) + 0.7) for k needed differences of n, with
+    an exact oracle: fewer than Junker's bound 2k log2(n / k) + 2k) and the one one-minimality removal
+    QuickXplain has not asked about already. Within 0.2 of an exact oracle's average for 3 to 200
+    differences (tests/test_ddmin.py measures it)."""
+    k = PLANNED_NEEDED
+    n = max(differences, k)
+    return round(4 + k * (1.45 * math.log2(n / k) + 0.7))
+
+
+def test_alpha(alpha: float, differences: int, index: int) -> float:
+    """The error rate the index-th subset tried (1-based) is tested at, planned before any run: J + 1
+    equal shares of alpha for J = planned_tests(differences), one for each of the first J subsets and
+    the last spread over any further ones as alpha / (i (i + 1)) spreads alpha over the i-th. These sum
+    to alpha over any number of tests, and never increase with the index."""
+    planned = planned_tests(differences)
+    share = alpha / (planned + 1)
+    if index <= planned:
+        return share
+    extra = index - planned
+    return share / (extra * (extra + 1))
 
 
 def levels_of(subset: Subset, ids: Sequence[str]) -> dict[str, str]:
@@ -223,7 +257,7 @@ def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: 
     def oracle(subset: Subset, role: str = "search") -> bool:
         if subset not in asked:
             index = len(asked) + 1
-            alpha_j = test_alpha(settings.alpha, index)
+            alpha_j = test_alpha(settings.alpha, len(ids), index)
             runs = tuple(tuple(int(x) for x in r) for r in runs_by_subset.get(subset, ()))
             verdict, ev = verdict_of(
                 runs, icc, settings.ceiling, math.log(1 / alpha_j), settings.min_runs, settings.max_runs
@@ -240,10 +274,6 @@ def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: 
 
     everything = frozenset(ids)
     try:
-        if oracle(frozenset(), "good"):
-            return Search(
-                trials, None, outcome="the good configuration corrupts too: nothing to search", icc=icc
-            )
         if not oracle(everything, "bad"):
             return Search(
                 trials,
@@ -253,7 +283,11 @@ def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: 
             )
         minimal = frozenset(one_minimal(quickxplain(list(ids), oracle, steps.append), oracle, steps.append))
         deploy = everything - minimal
-        if oracle(deploy, "deploy"):
+        another_cause = oracle(deploy, "deploy")
+        if oracle(frozenset(), "good"):
+            outcome = "the good configuration corrupts too: the search took it for clean, so no answer holds"
+            return Search(trials, None, outcome=outcome, steps=steps, icc=icc)
+        if another_cause:
             outcome = (
                 "minimal set found, but the bad configuration without it still corrupts: it has another "
                 "cause too (run the search again from the configuration to deploy)"
@@ -311,9 +345,9 @@ def next_round(
     settings: Settings,
 ) -> Round:
     """What the sweeper launches next. A subset new to the search starts its first min_runs runs at
-    once (no verdict comes sooner). The throughput sweep rides on the good configuration's first run
-    and on the first run of the configuration to deploy, beside which the good one runs again, so the
-    ratio compares sweeps run side by side."""
+    once (no verdict comes sooner). The configuration to deploy and the good one (the last two checks)
+    start together, the throughput sweep on the first run of each, so the ratio compares sweeps run side
+    by side."""
     result = search(ids, runs, settings)
     if result.need is None:
         return Round([], result)
@@ -323,8 +357,9 @@ def next_round(
     count = max(1, settings.min_runs) if not have else 1  # a new subset: no verdict before min_runs
     fresh = not have
     jobs = [(need, first + i, fresh and i == 0 and role in ("good", "deploy")) for i in range(count)]
-    if fresh and role == "deploy" and need:
-        jobs.append((frozenset(), next_repetition(started.get(frozenset(), set())), True))
+    good = frozenset()
+    if fresh and role == "deploy" and need and not started.get(good):
+        jobs += [(good, i, i == 0) for i in range(max(1, settings.min_runs))]
     return Round(jobs, result)
 
 
@@ -340,11 +375,14 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
     spent = sum(n for rs in runs.values() for _, n in rs)
     sizes = [n for rs in runs.values() for _, n in rs]
     run_size = round(sum(sizes) / len(sizes)) if sizes else 0
+    planned = planned_tests(len(ids))
     return {
         "method": (
             "adaptive group testing (QuickXplain, then ddmin's 1-minimal check), each subset judged by "
             "anytime-valid e-values against the ceiling on beta-binomial runs; the j-th subset at "
-            "alpha / (j (j + 1)) (orchestrator/analysis/ddmin.py)"
+            f"alpha / {planned + 1} for the first {planned} (planned from the number of differences), one "
+            f"more share of alpha / {planned + 1} spread over any further j as alpha / (i (i + 1)) with "
+            f"i = j - {planned} (orchestrator/analysis/ddmin.py)"
         ),
         "differences": [
             {"id": d.id, "description": d.description, "sets": difference_settings(d)}

@@ -67,8 +67,8 @@ class StatePolicy:
                 "(anytime-valid under the study's looks: implicated is clean, partial is not)"
             ),
             "ddmin": (
-                "; an arm the search tried takes its trial's verdict (anytime-valid e-values, the j-th "
-                "subset at alpha / (j (j + 1)))"
+                "; an arm the search tried takes its trial's verdict (anytime-valid e-values, each subset "
+                "at its planned share of alpha)"
             ),
         }
         return (
@@ -211,8 +211,8 @@ def ddmin_states(
     states: Mapping[str, ArmState], trials: Sequence[Mapping[str, Any]], ids: Sequence[str]
 ) -> dict[str, ArmState]:
     """A ddmin study's states: each subset the search tried is judged by its own trial (anytime-valid
-    e-values at alpha / (j (j + 1)), ddmin.py), the design's multiplicity; the arm that applies exactly that
-    subset takes the trial's verdict (undetermined while it has none)."""
+    e-values at its planned share of alpha, ddmin.test_alpha), the design's multiplicity; the arm that
+    applies exactly that subset takes the trial's verdict (undetermined while it has none)."""
     out = dict(states)
     by_subset = {
         frozenset(d for d in ids if state.factors.get(d) == "bad"): signature

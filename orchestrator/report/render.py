@@ -132,8 +132,9 @@ def title_section(result: StudyResult) -> list[str]:
             f"Delta debugging (ddmin) for the smallest subset of them that still corrupts, each subset tried "
             f"an arm judged by anytime-valid e-values on its runs (beta-binomial, the restart-to-restart "
             f"variation included) against the ceiling {pct(study.ceiling)}: corrupting above it, clean "
-            f"under it; the j-th subset at alpha {study.alpha} / (j (j + 1)), so every verdict of the "
-            f"search is right with probability at least {1 - study.alpha:.0%}.",
+            f"under it; each subset at its own share of alpha {study.alpha}, planned before any run (the "
+            f"shares sum to it), so every verdict of the search is right with probability at least "
+            f"{1 - study.alpha:.0%}.",
             "",
         ]
     elif result.stopping:
