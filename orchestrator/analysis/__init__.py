@@ -802,11 +802,13 @@ def gpu_time_block(
     arms: Sequence[Mapping[str, Any]],
     context: Mapping[str, Any] | None,
     stopping: Mapping[str, Any] | None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """report.json's `cost`: GPU time spent by the study's runs, by the cost model (analysis/cost.py),
     whose deployment estimate the sweep recorded in its context; for a sequential study, beside what the
     fixed design of as many starts per arm at the smallest run size would have spent."""
     model = cost.cost_model(spec.cost, (context or {}).get("deployment_cost"), runs)
+    if "unknown" in model.sources.values() and not any(r.wall_s is not None for r in runs):
+        return None  # runs that recorded no held time, of a study that names no cost: nothing to state
     label_of = {run["run_id"]: a["label"] for a in arms for run in a["runs"]}
     fixed = remaining = None
     if stopping is not None and runs:
