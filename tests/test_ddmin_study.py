@@ -35,12 +35,12 @@ def test_a_ddmin_study_finds_the_culprit_and_reports_the_configuration_to_deploy
     assert search["done"] and search["minimal"] == ["overlap"], search["outcome"]
     assert search["deploy"] == ["nccl_debug"]
     roles = [t["role"] for t in search["trials"]]
-    assert roles[0] == "bad" and roles[-2:] == ["deploy", "good"]
+    assert roles[:2] == ["good", "bad"] and roles[-1] == "deploy"
     # every subset the search tried is an arm of the study, its runs in MLflow, none started twice
     arms = [r for r in runs(tmp_path, "ddmin_serve_script") if r.data.tags.get("heisenhunt.kind") == "arm"]
     keys = {(r.data.tags["signature"], r.data.tags["repetition"]) for r in arms}
     assert len(keys) == len(arms) == search["runs_started"]
-    # every run is a trial's: the good configuration, tried last, starts beside the one to deploy
+    # the good configuration runs again beside the first run of the one to deploy (for the bench)
     assert sum(len(t["runs"]) for t in search["trials"]) == len(arms)
     md = (tmp_path / "reports" / "ddmin_serve_script" / "report.md").read_text()
     assert "## Delta debugging" in md and "**Minimal set: `overlap`**" in md

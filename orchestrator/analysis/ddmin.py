@@ -38,13 +38,9 @@ is wrong is at most alpha (for the ICC used), and when every verdict is right dd
 
 Arms already run are reused: the search is a pure function of every run so far (`search`), replayed
 from the start at each look, so a resumed study, or a subset the search asks about twice, spends
-nothing twice. Before the search, the bad configuration must corrupt; after it, the configuration to
-deploy (the bad one minus the minimal set) is tried: if it still corrupts, the bad configuration has
-another cause as well, and the report says so. The good configuration must be clean for the answer to
-hold (the search takes no difference applied for clean); it is tried last, beside the configuration to
-deploy, because the throughput sweep compares the two side by side in one round anyway: checked first,
-it ran once more there for nothing but the sweep. A good configuration that corrupts voids the answer,
-and the report says so (the study's premise, "it works with last month's", was wrong).
+nothing twice. Before the search, the good configuration must be clean and the bad one corrupting;
+after it, the configuration to deploy (the bad one minus the minimal set) is tried too: if it still
+corrupts, the bad configuration has another cause as well, and the report says so.
 """
 
 from __future__ import annotations
@@ -274,6 +270,10 @@ def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: 
 
     everything = frozenset(ids)
     try:
+        if oracle(frozenset(), "good"):
+            return Search(
+                trials, None, outcome="the good configuration corrupts too: nothing to search", icc=icc
+            )
         if not oracle(everything, "bad"):
             return Search(
                 trials,
@@ -283,11 +283,7 @@ def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: 
             )
         minimal = frozenset(one_minimal(quickxplain(list(ids), oracle, steps.append), oracle, steps.append))
         deploy = everything - minimal
-        another_cause = oracle(deploy, "deploy")
-        if oracle(frozenset(), "good"):
-            outcome = "the good configuration corrupts too: the search took it for clean, so no answer holds"
-            return Search(trials, None, outcome=outcome, steps=steps, icc=icc)
-        if another_cause:
+        if oracle(deploy, "deploy"):
             outcome = (
                 "minimal set found, but the bad configuration without it still corrupts: it has another "
                 "cause too (run the search again from the configuration to deploy)"
@@ -345,9 +341,9 @@ def next_round(
     settings: Settings,
 ) -> Round:
     """What the sweeper launches next. A subset new to the search starts its first min_runs runs at
-    once (no verdict comes sooner). The configuration to deploy and the good one (the last two checks)
-    start together, the throughput sweep on the first run of each, so the ratio compares sweeps run side
-    by side."""
+    once (no verdict comes sooner). The throughput sweep rides on the good configuration's first run
+    and on the first run of the configuration to deploy, beside which the good one runs again, so the
+    ratio compares sweeps run side by side."""
     result = search(ids, runs, settings)
     if result.need is None:
         return Round([], result)
@@ -357,9 +353,8 @@ def next_round(
     count = max(1, settings.min_runs) if not have else 1  # a new subset: no verdict before min_runs
     fresh = not have
     jobs = [(need, first + i, fresh and i == 0 and role in ("good", "deploy")) for i in range(count)]
-    good = frozenset()
-    if fresh and role == "deploy" and need and not started.get(good):
-        jobs += [(good, i, i == 0) for i in range(max(1, settings.min_runs))]
+    if fresh and role == "deploy" and need:
+        jobs.append((frozenset(), next_repetition(started.get(frozenset(), set())), True))
     return Round(jobs, result)
 
 

@@ -289,12 +289,11 @@ class Ddmin:
         )
 
     def jobs(self) -> list[Job]:
-        """The first round (the bad configuration: every difference applied), and the good one (none),
-        which the search tries last: each setting either end may run with meets the hosts before any
-        start."""
+        """The first round, and the bad configuration (every difference applied): each difference's env
+        vars and flags meet the hosts before any start."""
         first = list(self.next_round([], -1).jobs)
-        good = self.job(frozenset(), 0, False)
-        return first + ([good] if good.overrides not in {j.overrides for j in first} else [])
+        bad = self.job(frozenset(self.ids), 0, False)
+        return first + ([bad] if bad.overrides not in {j.overrides for j in first} else [])
 
     def next_round(self, records: Sequence[Any], launched: int) -> Round:
         from orchestrator.analysis import ddmin
