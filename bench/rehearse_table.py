@@ -47,9 +47,8 @@ def main() -> int:
             print(f"| {pct}% | {icc} | {false:.2%} | {spent:.0f} | {gpu_time(result)} | `{command}` |")
     print()
     per_header = "per hypothesis (implicated/partial/inconclusive)"
-    print(
-        f"| seed story | restart ICC | all right | all as expected | sessions | GPU time | {per_header} | command |"
-    )
+    head = ["seed story", "restart ICC", "all right", "all as expected", "sessions", "GPU time", per_header]
+    print(f"| {' | '.join(head)} | command |")
     print("|---|---|---|---|---|---|---|---|")
     for icc in ("0", "0.02", "0.1"):
         command, result = cell(
@@ -62,8 +61,8 @@ def main() -> int:
         )
         print(
             f"| 15% / HiCache off 5% / others 0 | {icc} | {result['all_right']:.2%} | "
-            f"{result['all_expected']:.2%} | {result['sessions_per_study']:.0f} | {gpu_time(result)} | {per} | "
-            f"`{command}` |"
+            f"{result['all_expected']:.2%} | {result['sessions_per_study']:.0f} | {gpu_time(result)} | "
+            f"{per} | `{command}` |"
         )
     return 0
 

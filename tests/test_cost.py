@@ -107,7 +107,12 @@ def test_the_number_of_sessions_is_no_part_of_an_arm_but_its_load_is():
     old = {"workload.sessions": "60", "workload.rounds": "4", "workload.concurrency": "None"}
     assert arm_conditions(old) == {"workload.rounds": "4", "workload.concurrency": "60"}
     a = run(3, 60, 0, conditions=arm_conditions(old))
-    b = run(9, 180, 1, conditions={k: v for k, v in larger.items() if k in ("workload.rounds", "workload.concurrency")})
+    b = run(
+        9,
+        180,
+        1,
+        conditions={k: v for k, v in larger.items() if k in ("workload.rounds", "workload.concurrency")},
+    )
     assert identity(a) == identity(b)
 
 
@@ -165,7 +170,9 @@ def test_sized_runs_keep_family_wise_false_implication_under_alpha(rate, icc):
 
 def test_the_rehearsal_states_gpu_hours_beside_the_fixed_design():
     spec = sized_spec(None, REAL)
-    result = rehearse_sequential(spec, truths(spec, SEED_STORY, 0.02), 60, studies=60, seed=3, cost_model=REAL)
+    result = rehearse_sequential(
+        spec, truths(spec, SEED_STORY, 0.02), 60, studies=60, seed=3, cost_model=REAL
+    )
     # the fixed dsv4 design: 5 arms x 4 starts of (480 + 60) s on 8 GPUs
     assert result["fixed_design_gpu_hours"] == pytest.approx(5 * 4 * 540 * 8 / 3600)
     per_start = REAL.gpu_hours(REAL.run_s(60))
@@ -184,7 +191,9 @@ def test_the_report_states_gpu_time_spent_and_the_model_behind_it():
     ]
     from orchestrator.analysis import HypothesisSpec, StudySpec, analyse
 
-    spec = StudySpec(name="t", baseline={"ms": "on"}, hypotheses=(HypothesisSpec("H", "ms", "s", "on", "off"),))
+    spec = StudySpec(
+        name="t", baseline={"ms": "on"}, hypotheses=(HypothesisSpec("H", "ms", "s", "on", "off"),)
+    )
     report = report_json(spec, runs, {"deployment_cost": {"restart_s": 400, "gpus": 4}})
     block = report["cost"]
     assert block["starts"] == 4 and block["gpu_hours"] == pytest.approx(4 * 4 * 30 / 3600, abs=1e-4)
@@ -217,5 +226,7 @@ def test_an_interrupted_sequential_study_states_the_most_gpu_time_it_may_still_s
     result = analyse_study(spec, runs, {"design": "sequential"})
     # one round of five arms: nothing decided before two; four hypotheses open, five arms, three rounds left
     assert result.cost.remaining_gpu_hours == pytest.approx(REAL.gpu_hours(5 * 3 * REAL.run_s(60)), abs=1e-3)
-    assert result.cost.fixed_design_gpu_hours == pytest.approx(REAL.gpu_hours(5 * 4 * REAL.run_s(60)), abs=1e-3)
+    assert result.cost.fixed_design_gpu_hours == pytest.approx(
+        REAL.gpu_hours(5 * 4 * REAL.run_s(60)), abs=1e-3
+    )
     assert "at most 18.00 GPU hours more" in render_markdown(result)

@@ -98,9 +98,7 @@ def measured(records: Iterable[Any]) -> dict[str, tuple[float, int]]:
     return out
 
 
-def cost_model(
-    study: Any, deployment: Mapping[str, Any] | None, records: Iterable[Any] = ()
-) -> CostModel:
+def cost_model(study: Any, deployment: Mapping[str, Any] | None, records: Iterable[Any] = ()) -> CostModel:
     """The cost model of a study (module doc): `study` its `study.cost` (None values: not set),
     `deployment` the deployment's `cost` block, `records` the study's runs so far."""
     found = measured(records)
@@ -177,7 +175,9 @@ def spent(records: Iterable[Any], cost: CostModel) -> Spent:
     return Spent(cost.gpu_hours(wall), wall, starts, sessions, modelled, cost.gpu_hours(by_model))
 
 
-def fixed_design_hours(cost: CostModel, arms: int, starts_per_arm: int, sessions: int, benched: int = 0) -> float:
+def fixed_design_hours(
+    cost: CostModel, arms: int, starts_per_arm: int, sessions: int, benched: int = 0
+) -> float:
     """GPU hours of the fixed design: every arm `starts_per_arm` starts of `sessions`, `benched` of them
     with the throughput sweep."""
     runs = arms * starts_per_arm

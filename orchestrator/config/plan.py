@@ -127,7 +127,9 @@ def arm_conditions(recorded: Mapping[str, str]) -> dict[str, str]:
     sessions = out.pop("workload.sessions", None)
     if sessions is not None and "workload.concurrency" in out:
         concurrency = out["workload.concurrency"]
-        out["workload.concurrency"] = str(run_load(int(sessions), None if concurrency == "None" else int(concurrency)))
+        out["workload.concurrency"] = str(
+            run_load(int(sessions), None if concurrency == "None" else int(concurrency))
+        )
     return out
 
 

@@ -329,7 +329,10 @@ class StudyConf:
         )
         cost = data.get("cost") or {}
         values["cost"] = CostConf(
-            **{k: None if cost.get(k) is None else float(cost[k]) for k in ("restart_s", "session_s", "bench_s")},
+            **{
+                k: None if cost.get(k) is None else float(cost[k])
+                for k in ("restart_s", "session_s", "bench_s")
+            },
             gpus=None if cost.get("gpus") is None else int(cost["gpus"]),
         )
         values["ddmin"] = DdminConf(

@@ -188,7 +188,9 @@ def progress_lines(view: SweepView, now: float) -> list[str]:
     if view.gpus:
         left = gpu_hours_left(view, now)
         gpu = f"; GPU time {gpu_hours_held(view, now):.2f} h on {view.gpus} GPU(s)" + (
-            f", about {left:.2f} h more{' this round' if view.more_rounds else ''}" if left is not None else ""
+            f", about {left:.2f} h more{' this round' if view.more_rounds else ''}"
+            if left is not None
+            else ""
         )
     lines.append(f"  sessions so far {sessions}, corrupted {corrupted}{gpu}")
     return lines

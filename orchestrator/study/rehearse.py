@@ -633,8 +633,6 @@ def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Jo
 RUN_ONLY_KEYS = ("repetition", "bench.enabled", "bench.repetitions")
 
 
-
-
 ROLE_PAIR = ("prefill", "decode")
 
 
@@ -787,9 +785,14 @@ def render(result: Mapping[str, Any]) -> str:
         model = result["cost"]
         fixed = result.get("fixed_design_gpu_hours")
         lines.append(
-            f"GPU hours per study: {result['gpu_hours_per_study']:.2f} ({result['starts_per_study']:.1f} starts; "
+            f"GPU hours per study: {result['gpu_hours_per_study']:.2f} "
+            f"({result['starts_per_study']:.1f} starts; "
             f"restart {model['restart_s']:g} s, session {model['session_s']:g} s, {model['gpus']} GPUs)"
-            + (f"; the fixed design: {fixed:.2f}, ratio {result['gpu_hours_per_study'] / fixed:.2f}" if fixed else "")
+            + (
+                f"; the fixed design: {fixed:.2f}, ratio {result['gpu_hours_per_study'] / fixed:.2f}"
+                if fixed
+                else ""
+            )
         )
     if "rounds_per_study" in result:
         lines.append(

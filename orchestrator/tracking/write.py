@@ -10,8 +10,8 @@ import json
 import logging
 import os
 import shlex
-import tempfile
 import signal
+import tempfile
 import threading
 import time
 import traceback
