@@ -432,3 +432,43 @@ def test_a_resumed_sweep_counts_the_earlier_finished_runs_it_skipped(cfg_for, tm
     # this sweep's run, and the baseline run resumed from the first sweep; not the first sweep's other run
     assert sorted((r.repetition, r.corrupted) for r in runs) == [(0, 9), (1, 0)]
     assert "resumed" in context["pooled"] and first.run_id != second.run_id
+
+
+def test_a_store_busy_for_a_while_is_waited_for_and_any_other_error_raised_at_once():
+    """The fault campaign's seed 173879092: the sqlite store locked (by another writer) while the study's
+    report was built made the sweep exit 1 with no report. The report is built again while the store
+    answers "database is locked", up to the patience."""
+    from sqlalchemy.exc import OperationalError
+
+    from orchestrator.tracking.layout import retry_store
+
+    now = [0.0]
+    answers = [OperationalError("SELECT 1", {}, Exception("database is locked"))] * 3 + ["report"]
+
+    def build():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert (
+        retry_store(
+            build, patience_s=60, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+        )
+        == "report"
+    )
+    assert now[0] == 3.0
+    # past its patience, the store's error is raised
+    answers[:] = [OperationalError("SELECT 1", {}, Exception("database is locked"))] * 100
+    with pytest.raises(OperationalError):
+        retry_store(build, patience_s=5, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    # any other error: at once, no wait
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise ValueError("no such study")
+
+    with pytest.raises(ValueError):
+        retry_store(broken, sleep=lambda s: pytest.fail("waited on an error that is not the store's"))
+    assert calls == [1]

@@ -39,6 +39,13 @@ def _write():
     return write
 
 
+def _layout():
+    """The tracking layout (MLflow's client), imported when first needed, as `_write`."""
+    from orchestrator.tracking import layout
+
+    return layout
+
+
 def study_result(tracking_uri: str, study: str, pool_sweeps: bool = False) -> StudyResult:
     """MLflow -> analysis: the study's typed result. The latest sweep's runs (and those it resumed) unless
     `pool_sweeps`; its measurement conditions pick today's arms."""
@@ -175,11 +182,15 @@ class StudyCallback(Callback):
         metrics: dict[str, float] = {}
         _clean_up_pool(config)
         try:
-            result, paths = build_report(
-                self._uri,
-                self.study_name or str(config.study.name),
-                Path(str(config.report.dir)),
-                bool(config.report.plots),
+            # a store busy for a while (another study's writes, a lock held) is waited for, not reported
+            # as a failed report (found by the fault campaign, seed 173879092: the sweep exited 1)
+            result, paths = _layout().retry_store(
+                lambda: build_report(
+                    self._uri,
+                    self.study_name or str(config.study.name),
+                    Path(str(config.report.dir)),
+                    bool(config.report.plots),
+                )
             )
             headline = result.headline
             if result.cost:
@@ -197,7 +208,10 @@ class StudyCallback(Callback):
             failure = f"report: {type(e).__name__}: {e}"
             console.show_kept()
         finally:
-            _write().end_study_run(self._uri, self._run_id, paths, failure, headline, metrics)
+            uri, run_id = self._uri, self._run_id
+            _layout().retry_store(
+                lambda: _write().end_study_run(uri, run_id, paths, failure, headline, metrics)
+            )
             self._ended = True
             self._restore_env()
             atexit.unregister(self._abandoned)

@@ -36,11 +36,16 @@ artifact is scanned for the arm's secret env values and uploaded redacted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # the arm's outcome, named to sort first
 CORRUPTED, SESSIONS, RATE = "arm.corrupted", "arm.sessions", "arm.rate"
@@ -70,6 +75,38 @@ PLANNED_ARTIFACT = "study/planned.json"
 
 def make_client(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
+
+
+# a store busy for a while, not broken: sqlite's lock held by another writer past its busy timeout
+TRANSIENT_STORE_ERRORS = ("database is locked", "database table is locked")
+
+
+def is_transient_store_error(error: BaseException) -> bool:
+    text = str(error)
+    return any(marker in text for marker in TRANSIENT_STORE_ERRORS)
+
+
+def retry_store(
+    call: Callable[[], T],
+    patience_s: float = 60.0,
+    wait_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """`call()`, again while it fails for a store busy for a while (`is_transient_store_error`), for up to
+    `patience_s`; any other error, or one past it, is raised. For what only reads or rewrites the same
+    thing (a study's report): once more changes nothing."""
+    deadline = clock() + patience_s
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not is_transient_store_error(e) or clock() + wait_s > deadline:
+                raise
+            log.warning(
+                "the tracking store is busy (%s); trying again in %.0f s", str(e).splitlines()[0], wait_s
+            )
+            sleep(wait_s)
 
 
 def iter_runs(
