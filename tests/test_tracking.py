@@ -245,6 +245,35 @@ def test_an_interrupt_while_the_run_is_created_ends_it_killed(cfg_for, monkeypat
     assert [r.info.status for r in runs] == ["KILLED"]
 
 
+def test_a_second_interrupt_while_an_interrupted_run_is_ended_does_not_leave_it_running(cfg_for, monkeypatch):
+    """The fault campaign's seed 404285457: a double SIGINT; the second came while the first's run was
+    being ended, and cut that short (RUNNING until the next sweep)."""
+    import signal
+    import time
+
+    cfg = cfg_for()
+    job, plan = job_and_plan(cfg)
+    client = client_for(cfg)
+    real = MlflowClient.set_terminated
+
+    def second_interrupt_first(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # the second Ctrl-C lands while the run is being ended
+        return real(self, *args, **kwargs)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with (
+            pytest.raises(KeyboardInterrupt),
+            ArmTracker.start(job.tracking, job.study, plan, 0, None) as tracker,
+        ):
+            monkeypatch.setattr(MlflowClient, "set_terminated", second_interrupt_first)
+            raise KeyboardInterrupt  # the first
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert client.get_run(tracker.run_id).info.status == "KILLED"
+
+
 def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
     cfg = cfg_for(f"+deployment.roles.decode.env.HF_TOKEN={SECRET}")
     job, plan = job_and_plan(cfg)

@@ -351,16 +351,16 @@ def _hold_interrupts() -> Held | None:
     return previous, caught
 
 
-def _release_interrupts(held: Held | None) -> None:
-    """Put the handlers back, and raise again the first signal that came meanwhile: its own handler runs
-    now, here."""
+def _release_interrupts(held: Held | None, drop: bool = False) -> None:
+    """Put the handlers back, and raise again the first signal that came meanwhile (its own handler runs
+    now, here), unless `drop`: an interrupt is already on its way."""
     if held is None:
         return
     previous, caught = held
     for sig, handler in previous.items():
         if handler is not None:  # None: a handler set outside Python, which signal.signal cannot put back
             signal.signal(sig, handler)
-    if caught:
+    if caught and not drop:
         signal.raise_signal(caught[0])
 
 
@@ -639,11 +639,21 @@ class ArmTracker:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         if self._ended:
             return False
-        if exc_type is None:
-            self._end("FINISHED")
-        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            self._tags({"failure_reason": f"interrupted ({exc_type.__name__})"})
-            self._end("KILLED")
-        else:
-            self.fail(f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb)))
+        interrupted = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit))
+        # the run is ended whatever comes meanwhile: a signal waits until it is (found by the fault
+        # campaign, seed 404285457: a second SIGINT cut the ending of a Ctrl-C'd run short, RUNNING), and
+        # one that comes while an interrupt already ends it is not raised twice
+        held = _hold_interrupts()
+        try:
+            if exc_type is None:
+                self._end("FINISHED")
+            elif interrupted:
+                self._tags({"failure_reason": f"interrupted ({exc_type.__name__})"})
+                self._end("KILLED")
+            else:
+                self.fail(
+                    f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb))
+                )
+        finally:
+            _release_interrupts(held, drop=interrupted)
         return False
