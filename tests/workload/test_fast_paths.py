@@ -626,6 +626,80 @@ def test_lean_path_holds_at_most_the_session_limit(scripted_server):
     assert len(turns) == 12 and all(t.tool_calls for t in turns) and peak == 3
 
 
+def _read_response(pieces: list[bytes], close: bool = False) -> tuple[object, bool]:
+    """What http1's response reader makes of `pieces`, one read each (then a clean close, if `close`):
+    the turn or the exception it ended with, and whether the connection may carry the next request."""
+
+    async def run():
+        response = http1._Response(SSEParser(), asyncio.get_running_loop().create_future())
+        for piece in filter(None, pieces):  # a transport never reads 0 bytes
+            response.feed(piece)
+        if close:
+            response.lost(None)
+        future = response.future
+        outcome = (future.exception() or future.result()) if future.done() else None
+        return outcome, response.ended_cleanly()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(sse_body(), (7, 1, 30), b";e=1"),
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        + HEAD
+        + b"Content-Length: %d\r\n\r\n" % len(sse_body())
+        + sse_body(),
+    ],
+    ids=["chunked", "100-then-length"],
+)
+def test_lean_reader_gives_the_same_turn_at_every_split(reply):
+    for at in range(len(reply) + 1):
+        turn, reusable = _read_response([reply[:at], reply[at:]])
+        assert isinstance(turn, StreamedTurn) and reusable, (at, turn)
+        assert (turn.content, turn.finish_reason, turn.done, turn.raw) == ("hi", "stop", True, sse_body())
+
+
+@pytest.mark.parametrize(
+    ("pieces", "close", "status"),
+    [
+        ([b"HTTP/1.1 2x0 OK\r\n\r\n"], False, None),  # a status that is no number
+        ([b"HTTP/2 200 OK\r\n\r\n"], False, None),
+        ([HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"], False, None),  # a chunk size that is none
+        ([HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n"], False, None),  # no CRLF after a chunk
+        ([HEAD + b"X: " + b"y" * 70000], False, None),  # a head without end
+        ([HEAD + b"Content-Length: 3\r\n\r\nda"], True, None),  # shorter than it said
+        ([b"HTTP/1.1 200"], True, None),  # closed within the head
+        ([b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nzz"], False, 101),
+        ([b"HTTP/1.1 503 Busy\r\n", b"Content-Length: 20\r\n\r\n", b"try la"], False, 503),  # its start
+    ],
+    ids=["status-line", "version", "chunk-size", "chunk-end", "endless-head", "cut", "no-head", "101", "503"],
+)
+def test_lean_reader_failures_keep_their_kinds(pieces, close, status):
+    """Malformed HTTP and cuts end as `_Cut` (then probed: stream_cut or server_gone), a status that is
+    not 200 as http_status with the start of its body; the connection is not reused."""
+    error, reusable = _read_response(pieces, close)
+    if status is None:
+        assert isinstance(error, http1._Cut), error
+    else:
+        assert isinstance(error, RequestError) and error.kind == "http_status" and error.status == status
+        assert status != 503 or error.message == "HTTP 503: try la"
+    assert not reusable
+
+
+def test_lean_reader_reads_until_the_close_and_reuses_only_a_clean_end():
+    until_close = HEAD + b"Connection: close\r\n\r\n" + sse_body()
+    turn, reusable = _read_response([until_close], close=True)
+    assert isinstance(turn, StreamedTurn) and turn.raw == sse_body() and not reusable
+    length = HEAD + b"Content-Length: %d\r\n\r\n" % len(sse_body()) + sse_body()
+    assert _read_response([length])[1]
+    assert not _read_response([length + b"HTTP/1.1 200 OK\r\n"])[1]  # bytes after the end: out of step
+    assert not _read_response([length, b"x"])[1]
+    assert not _read_response([length.replace(b"OK\r\n", b"OK\r\nConnection: close\r\n")])[1]
+    assert not _read_response([length.replace(b"HTTP/1.1", b"HTTP/1.0")])[1]
+
+
 def test_sessions_not_from_open_session_and_https_use_aiohttp(sim_server):
     import aiohttp
 
