@@ -1,18 +1,19 @@
 """The lean HTTP/1.1 client of a session from `client.open_session`, used for plain `http://` URLs.
 
 `Pool` keeps the keep-alive connections of one session (one `asyncio.Protocol` per connection) and
-at most `limit` requests in flight; `stream` sends one request through it. The response head, the
-chunked (or length- or close-delimited) body and the SSE events are parsed right in `data_received`,
-and the waiting task wakes once per turn, not once per network read. That is where aiohttp spent most
-of the client's CPU (a request object, a StreamReader, a future and a task step for every read). It
-keeps aiohttp's semantics: the same error kinds for the same failures (a refused connection, a
-connection that closes before the response ends, a timeout, a non-200 status with the start of its
+at most `limit` requests in flight; `stream` sends one request through it. Each read goes, right in
+`data_received`, to llhttp (`httptools`, the parser uvicorn uses), which reads the response head and
+de-frames the chunked (or length- or close-delimited) body; its body callback feeds the SSE parser
+(sse.py), and the waiting task wakes once per turn, not once per network read. That is where aiohttp
+spent most of the client's CPU (a request object, a StreamReader, a future and a task step for every
+read). It keeps aiohttp's semantics: the same error kinds for the same failures (a refused connection,
+a connection that closes before the response ends, a timeout, a non-200 status with the start of its
 body), keep-alive connections reused up to `keepalive_timeout`, at most `concurrency` requests at once,
 no retry of a POST.
 
-A connection closed or reset mid-request is `server_gone` only if the server no longer answers HTTP
-(probed once, right then: `closed_error`, also used by client.py's aiohttp path); a server that is up
-and cut the stream is `stream_cut`.
+A connection closed or reset mid-request, or a response that is not HTTP, is `server_gone` only if the
+server no longer answers HTTP (probed once, right then: `closed_error`, also used by client.py's aiohttp
+path); a server that is up and cut the stream is `stream_cut`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import socket
 import time
 from functools import lru_cache
 
+import httptools
 import yarl
 
 from orchestrator.workload.results import StreamedTurn
@@ -248,6 +250,7 @@ class _Connection(asyncio.Protocol):
             return await response.future
         finally:
             timer.cancel()
+            response.http = None  # the turn is over (its future done): no cycle left for the collector
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -257,33 +260,6 @@ class _Connection(asyncio.Protocol):
         if response is None:  # bytes on an idle connection: not a response to anything; never reuse it
             self.close()
             return
-        if response.state == _CHUNK_SIZE and response.status == 200 and not response.buffer:
-            # the common reads, inline: whole chunks of the streamed body (size CRLF data CRLF), each
-            # usually one SSE event, fed to the parser one by one; anything else (a chunk cut by the
-            # read, the last chunk, extensions, garbage) goes on through the general path
-            parser, now = response.parser, time.monotonic()
-            pos, size = 0, len(data)
-            try:
-                while True:
-                    eol = data.find(b"\r\n", pos, pos + 18)
-                    if eol <= pos:
-                        break
-                    try:
-                        length = int(data[pos:eol], 16)
-                    except ValueError:
-                        break
-                    end = eol + 2 + length
-                    if length <= 0 or end + 2 > size or not data.startswith(b"\r\n", end):
-                        break
-                    parser.feed_slice(data, eol + 2, end, now)
-                    pos = end + 2
-                    if pos == size:
-                        return
-            except Exception as e:  # a malformed event: the caller gets it
-                response._fail(e)
-                return
-            if pos:
-                data = data[pos:]
         response.feed(data)
 
     def eof_received(self) -> bool:
@@ -303,184 +279,90 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-# response states
-_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
+#: a response head longer than this is not HTTP we read (llhttp sets no limit of its own)
 _MAX_HEAD = 65536
 
 
 class _Response:
-    """One HTTP/1.1 response read incrementally: the head, then the body (chunked, Content-Length or
-    until the connection closes), each de-framed piece fed to the SSE parser with its arrival time.
-    Its future gets the turn, or the exception the turn ended with."""
+    """One HTTP/1.1 response, read incrementally by llhttp (`httptools.HttpResponseParser`, which calls
+    the `on_*` methods): the head (1xx interim responses skipped), then the body (chunked,
+    Content-Length or until the connection closes), each de-framed piece fed to the SSE parser with the
+    arrival time of its read. Its future gets the turn, or the exception the turn ended with; once it is
+    done nothing more is read."""
 
-    __slots__ = ("buffer", "future", "left", "parser", "reusable", "state", "status")
+    __slots__ = ("framed", "future", "head_bytes", "http", "now", "parser", "reusable", "status")
 
     def __init__(self, parser: SSEParser, future: asyncio.Future[StreamedTurn]):
         self.parser = parser
         self.future = future
-        self.state = _HEAD
-        self.buffer = b""
-        self.status = 0
-        self.left = 0  # bytes left in the current chunk, or in a Content-Length body
-        self.reusable = False
+        self.http: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        self.status = 0  # of the final response, once its head is read
+        self.framed = False  # Content-Length or chunked: a body that is not read until the close
+        self.reusable = False  # ended, and the connection may carry the next request
+        self.head_bytes = 0
+        self.now = 0.0  # arrival time of the read being parsed
 
     def feed(self, data: bytes) -> None:
-        if self.state == _DONE:
+        if self.future.done():
             self.reusable = False  # bytes after the end: the connection is out of step
             return
-        now = time.monotonic()
+        self.now = time.monotonic()
         try:
-            if self.state == _HEAD:
-                data = self._head(data)
-                if not data and self.state != _DONE:
-                    return
-            if self.state == _CHUNK_DATA and len(data) < self.left:  # the middle of a chunk
-                self.left -= len(data)
-                body = data
-            elif self.state < _LENGTH:
-                body = self._chunked(data)
-            elif self.state == _LENGTH:
-                body = data[: self.left]
-                self.left -= len(body)
-                if self.left == 0:
-                    self.state = _DONE
-                    self.reusable = self.reusable and len(data) == len(body)
-            elif self.state == _UNTIL_CLOSE:
-                body = data
+            self.http.feed_data(data)  # type: ignore[union-attr]
+        except httptools.HttpParserCallbackError as e:  # RequestError or a malformed event: the caller's
+            self._fail(e.__context__ or e)
+        except httptools.HttpParserError as e:
+            if self.future.done():
+                self.reusable = False  # bytes after the end
+            elif self.status and self.status != 200:
+                self._http_error(b"")  # e.g. 101, which llhttp stops at
             else:
-                body = b""
-            if body:
-                self._body(body, now)
-            if self.state == _DONE and not self.future.done():
-                self._end(now)
-        except Exception as e:  # RequestError, _Cut, or a malformed event: the caller gets it, as before
-            self._fail(e)
+                self._fail(_Cut(f"malformed HTTP response: {e}"))
+        if not self.status and not self.future.done():
+            self.head_bytes += len(data)
+            if self.head_bytes > _MAX_HEAD:
+                self._fail(_Cut(f"malformed HTTP response: no end of the head in {self.head_bytes} bytes"))
 
-    def _head(self, data: bytes) -> bytes:
-        """Read the status line and headers (skipping 1xx interim responses); the rest is body."""
-        buffer = self.buffer + data if self.buffer else data
-        while True:
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > _MAX_HEAD:
-                    raise _Cut(f"malformed HTTP response: no end of the head in {len(buffer)} bytes")
-                self.buffer = buffer
-                return b""
-            head, buffer = buffer[:end].decode("latin-1"), buffer[end + 4 :]
-            lines = head.split("\r\n")
-            version, _, rest = lines[0].partition(" ")
-            code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
-                raise _Cut(f"malformed HTTP response: status line {lines[0][:100]!r}")
-            status = int(code)
-            if 100 <= status < 200 and status != 101:
-                continue  # 100 Continue, 103 Early Hints: the real response follows
-            break
-        self.buffer = b""
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.status = status
-        connection = headers.get("connection", "").lower()
-        self.reusable = version == "HTTP/1.1" and "close" not in connection
-        if status in (204, 304):
-            self.state = _DONE
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            self.state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            try:
-                self.left = int(headers["content-length"])
-            except ValueError:
-                raise _Cut(f"malformed HTTP response: Content-Length {headers['content-length']!r}") from None
-            self.state = _LENGTH if self.left > 0 else _DONE
-        else:
-            self.state = _UNTIL_CLOSE
-            self.reusable = False
-        if status != 200 and self.state == _DONE:
-            self._http_error(b"")
-        return buffer
+    # --- llhttp's callbacks
 
-    def _chunked(self, data: bytes) -> bytes:
-        """De-frame chunked transfer encoding; the payload bytes in `data`."""
-        if self.buffer:
-            data, self.buffer = self.buffer + data, b""
-        out: list[bytes] = []
-        pos, size, state = 0, len(data), self.state
-        while pos < size:
-            if state == _CHUNK_DATA:
-                take = self.left
-                if size - pos <= take:
-                    out.append(data[pos:] if pos else data)
-                    self.left = take - (size - pos)
-                    pos = size
-                    if self.left == 0:
-                        state = _CHUNK_END
-                    break
-                out.append(data[pos : pos + take])
-                pos += take
-                self.left = 0
-                state = _CHUNK_END
-            elif state == _CHUNK_END:
-                if size - pos < 2:
-                    break
-                if data[pos : pos + 2] != b"\r\n":
-                    raise _Cut("malformed chunked body: no CRLF after a chunk")
-                pos += 2
-                state = _CHUNK_SIZE
-            else:  # _CHUNK_SIZE or _TRAILER: a line
-                eol = data.find(b"\r\n", pos)
-                if eol < 0:
-                    if size - pos > _MAX_HEAD:
-                        raise _Cut("malformed chunked body: a chunk-size line without end")
-                    break
-                if state == _TRAILER:  # trailer fields, up to an empty line
-                    empty = eol == pos
-                    pos = eol + 2
-                    if empty:
-                        state = _DONE
-                        break
-                    continue
-                line = data[pos:eol]
-                semicolon = line.find(b";")
-                try:
-                    length = int(line if semicolon < 0 else line[:semicolon], 16)
-                except ValueError:
-                    raise _Cut(f"malformed chunked body: chunk size {line[:40]!r}") from None
-                pos = eol + 2
-                if length:
-                    self.left = length
-                    state = _CHUNK_DATA
-                else:
-                    state = _TRAILER
-        self.state = state
-        if pos < size:
-            if state == _DONE:
-                self.reusable = False  # bytes after the end of the response
-            else:
-                self.buffer = data[pos:]
-        if not out:
-            return b""
-        return out[0] if len(out) == 1 else b"".join(out)
+    def on_message_begin(self) -> None:
+        if self.status:  # a second response after the final one: the connection is out of step
+            raise _Cut("bytes after the end of the response")
 
-    def _body(self, body: bytes, now: float) -> None:
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        status = self.http.get_status_code()  # type: ignore[union-attr]
+        if not 100 <= status < 200 or status == 101:  # 100 Continue, 103 Early Hints: the real one follows
+            self.status = status
+
+    def on_body(self, body: bytes) -> None:
         if self.status == 200:
-            self.parser.feed(body, now)
-        else:
+            self.parser.feed_slice(body, 0, len(body), self.now)
+        elif not self.future.done():
             self._http_error(body)
+
+    def on_message_complete(self) -> None:
+        if not self.status:
+            self.framed = False  # an interim response: its headers were not the final one's
+            return
+        if self.status != 200:
+            self._http_error(b"")
+            return
+        self.reusable = self.http.should_keep_alive()  # type: ignore[union-attr]
+        self.future.set_result(self.parser.finish(self.now))
+
+    # --- the turn's end
 
     def _http_error(self, body: bytes) -> None:
         """A non-200 answer: the status and the start of its body, as soon as some of it is here."""
         text = body[:2000].decode("utf-8", "replace")
-        self.reusable = False
-        self.state = _DONE
         self._fail(RequestError("http_status", f"HTTP {self.status}: {text.strip()[:300]}", self.status))
 
-    def _end(self, now: float) -> None:
-        self.future.set_result(self.parser.finish(now))
-
     def _fail(self, error: BaseException) -> None:
-        self.state = _DONE
         self.reusable = False
         if not self.future.done():
             self.future.set_exception(error)
@@ -490,15 +372,14 @@ class _Response:
         self.reusable = False
         if self.future.done():
             return
-        if self.state == _HEAD:
+        if not self.status:
             message = "server disconnected before the response head"
         elif self.status != 200:
             self._http_error(b"")
             return
-        elif self.state == _UNTIL_CLOSE and exc is None:
-            self.state = _DONE
+        elif exc is None and not self.framed:  # the end of a body read until the close
             try:
-                self._end(time.monotonic())
+                self.future.set_result(self.parser.finish(time.monotonic()))
             except Exception as e:
                 self._fail(e)
             return
@@ -510,25 +391,17 @@ class _Response:
 
     def expire(self) -> None:
         """The turn's deadline passed before the response ended."""
-        if not self.future.done():
-            self._fail(TimeoutError())
+        self._fail(TimeoutError())
 
     def ended_cleanly(self) -> bool:
         """The whole response was read, it ended the turn without an error, and the connection may
         carry the next request."""
         future = self.future
-        return (
-            self.reusable
-            and self.state == _DONE
-            and future.done()
-            and not future.cancelled()
-            and future.exception() is None
-        )
+        return self.reusable and future.done() and not future.cancelled() and future.exception() is None
 
     def abandon(self) -> None:
         """The caller stopped waiting (a timeout, a cancellation, an error): nothing more is reported,
         and an exception already set counts as retrieved."""
-        self.state = _DONE
         self.reusable = False
         future = self.future
         if not future.done():
