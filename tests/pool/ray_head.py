@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tests.services import record_service_start
+
 # Ray turns 127.0.0.1 into the machine's own address when it connects, unless it is told that this is a
 # one-machine cluster (Ray's knob for Windows and macOS, honoured on Linux too): then all of it is loopback.
 # Token authentication, as Ray has it by default, with a token of this process's own.
@@ -56,6 +58,7 @@ def _start(temp: str, free_port: Callable[[], int], num_cpus: int) -> str:
     with open("/tmp/heisenhunt-ray-start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for _ in range(2):
+            began = time.monotonic()
             port = free_port()
             argv = [
                 shutil.which("ray") or "ray", "start", "--head", "--node-ip-address=127.0.0.1",
@@ -76,6 +79,7 @@ def _start(temp: str, free_port: Callable[[], int], num_cpus: int) -> str:
                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
             if started.returncode == 0:
+                record_service_start("ray head", time.monotonic() - began)
                 return f"127.0.0.1:{port}"
             failures.append(started.stdout[-2000:] + started.stderr[-2000:])
             stop_processes_of(temp)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import free_port
+from tests.services import record_service_start
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci-ssh-setup.sh"
@@ -131,12 +132,14 @@ def run_sshd(d: Path, keys: Keys, address: str, port: int, netns: str | None = N
     argv = [SSHD, "-D", "-E", str(log), "-f", str(cfg)]
     if netns:
         argv = ["ip", "netns", "exec", netns, *argv]
+    began = time.monotonic()
     with log.open("ab") as logf:
         proc = subprocess.Popen(
             argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     try:
         _wait_banner(address, port, proc, log)
+        record_service_start("sshd" + (" (network namespace)" if netns else ""), time.monotonic() - began)
         known = d / "known_hosts"
         known.write_text(f"{known_hosts_name(address, port)} {public_key(keys.host)}\n")
         yield SshServer(address, port, USER, keys.host, keys.user, known, log, proc)
