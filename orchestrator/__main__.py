@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
+from orchestrator.arm import ArmSkip, ArmStart, InterruptGuard, StressThenBench, prepare, run_arm
 from orchestrator.config.load import CONF_DIR, load_job
 from orchestrator.config.redact import redact_text
 from orchestrator.config.schema import JobConf
@@ -133,38 +133,47 @@ def run_on_cluster(
     parent = parent_run_id(job.parent_run_id, job.sweep_dir)
     # the process that owns the run, from its first moment: a later sweep ends it if this one is killed
     owner = orphans.process_tag(f"arm {step.label} #{step.repetition}")
-    tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent, owner)
-    # from here the run ends however this job does: an interrupt before the arm takes the run over (found
-    # by the fault campaign: a SIGTERM while the tags were written left it RUNNING) ends it here, KILLED;
-    # after that, the arm has ended it, and ending it again does nothing
-    try:
-        placement = {"cluster": job.cluster.name}
-        if hold is not None:
-            hold.record_run(tracker.run_id)
-            placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
-        tracker.log_tags(placement)
-        tracker.log_artifact(config_file)
-        host_holder = hold.grant.host_holder if hold is not None else None
-        return run_arm(
-            step,
-            transports,
-            tracker,
-            StressThenBench(step.repetition, progress),
-            output_dir,
-            holder=host_holder,
-            progress=progress,
-        )
-    except KeyboardInterrupt as e:
-        tracker.__exit__(type(e), e, e.__traceback__)
-        kept = _lines(output_dir / "stress" / "sessions.jsonl")
-        raise Interrupted(
-            f"{e}: stopped arm {step.label} #{step.repetition}; its MLflow run {tracker.run_id} is KILLED "
-            f"with the {kept} sessions that completed, earlier arms are kept as they finished, and every "
-            f"server this arm started was stopped"
-        ) from None
-    except BaseException as e:
-        tracker.__exit__(type(e), e, e.__traceback__)
-        raise
+    # one guard from before the arm's run is created until it is ended: the first SIGINT or SIGTERM
+    # raises, a later one waits (found by the fault campaign, seeds 404285457 and 407295012: a second
+    # SIGINT while the first was still unwinding towards the run's end left the run RUNNING)
+    guard = InterruptGuard()
+    with guard.installed():
+        guard.shielded = True  # a signal while the run is created is raised in the `try` that ends it
+        tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent, owner)
+        # from here the run ends however this job does: an interrupt before the arm takes the run over
+        # (found by the fault campaign: a SIGTERM while the tags were written left it RUNNING) ends it
+        # here, KILLED; after that, the arm has ended it, and ending it again does nothing
+        try:
+            guard.shielded = False
+            guard.raise_pending()
+            placement = {"cluster": job.cluster.name}
+            if hold is not None:
+                hold.record_run(tracker.run_id)
+                placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
+            tracker.log_tags(placement)
+            tracker.log_artifact(config_file)
+            host_holder = hold.grant.host_holder if hold is not None else None
+            return run_arm(
+                step,
+                transports,
+                tracker,
+                StressThenBench(step.repetition, progress),
+                output_dir,
+                holder=host_holder,
+                progress=progress,
+                guard=guard,
+            )
+        except KeyboardInterrupt as e:
+            tracker.__exit__(type(e), e, e.__traceback__)
+            kept = _lines(output_dir / "stress" / "sessions.jsonl")
+            raise Interrupted(
+                f"{e}: stopped arm {step.label} #{step.repetition}; its MLflow run {tracker.run_id} is "
+                f"KILLED with the {kept} sessions that completed, earlier arms are kept as they finished, "
+                f"and every server this arm started was stopped"
+            ) from None
+        except BaseException as e:
+            tracker.__exit__(type(e), e, e.__traceback__)
+            raise
 
 
 def _lines(path: Path) -> int:

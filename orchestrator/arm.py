@@ -287,13 +287,16 @@ def run_arm(
     on_event: Callable[[str], None] = log.info,
     holder: Holder | None = None,
     progress: ProgressSink = NO_PROGRESS,
+    guard: InterruptGuard | None = None,
 ) -> dict[str, Any]:
     """Run one prepared arm on its hosts and record it; returns the job's summary. The tracker's run
     ends here (FINISHED, FAILED or KILLED) and the transports are closed. `holder`: the lease holder that
     already took this cluster's host leases (a pool's pick, pool.py); the arm holds them under it.
-    `progress` hears the arm's phases and how it ended (the workload reports the sessions)."""
+    `progress` hears the arm's phases and how it ended (the workload reports the sessions). `guard`: the
+    caller's, where it already guards the run's creation (else one of the arm's own)."""
+    guard = guard or InterruptGuard()
     try:
-        summary, guard = _run_arm(start, transports, tracker, workload, out_dir, on_event, holder, progress)
+        summary = _run_arm(start, transports, tracker, workload, out_dir, on_event, holder, progress, guard)
     except (PreflightError, LeaseHeld) as e:
         progress.finish("REFUSED", str(e))
         raise
@@ -317,11 +320,11 @@ def _run_arm(
     on_event: Callable[[str], None],
     holder: Holder | None,
     progress: ProgressSink,
-) -> tuple[dict[str, Any], InterruptGuard]:
+    guard: InterruptGuard,
+) -> dict[str, Any]:
     plan = start.plan
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("arm %s, repetition %d, signature %s", start.label, start.repetition, plan.signature)
-    guard = InterruptGuard()
     status, reason = "FINISHED", ""
     with guard.installed(), tracker, contextlib.ExitStack() as teardown:
         teardown.callback(close_all, transports)
@@ -355,7 +358,7 @@ def _run_arm(
             reason = f"could not take the cluster's lease: {type(e).__name__}: {e}"
             log.error("arm %s failed: %s", start.label, reason)
             tracker.fail(reason)
-            return _summary(start, tracker.run_id, "FAILED", reason), guard
+            return _summary(start, tracker.run_id, "FAILED", reason)
         deployment = Deployment(
             plan, transports, run_label=start.log_label(tracker.run_id), on_event=on_event
         )
@@ -374,7 +377,7 @@ def _run_arm(
             log.exception("arm %s failed", start.label)
             tracker.fail(f"{type(e).__name__}: {e}")
             status, reason = "FAILED", f"{type(e).__name__}: {e}"
-    return _summary(start, tracker.run_id, status, reason), guard
+    return _summary(start, tracker.run_id, status, reason)
 
 
 def _summary(start: ArmStart, run_id: str, status: str, reason: str) -> dict[str, Any]:

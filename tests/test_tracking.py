@@ -274,6 +274,57 @@ def test_a_second_interrupt_while_an_interrupted_run_is_ended_does_not_leave_it_
     assert client.get_run(tracker.run_id).info.status == "KILLED"
 
 
+@pytest.mark.parametrize("first_at", ["create_run", "log_tags"])
+def test_a_double_interrupt_before_the_arm_takes_its_run_over_ends_it_killed(
+    cfg_for, monkeypatch, tmp_path, first_at
+):
+    """The fault campaign's seeds 404285457 and 407295012 (`sigint_twice` in preflight): the first SIGINT
+    came as the job created its run or wrote its tags, and the second while the first was still on its
+    way to the code that ends the run, which it never reached (RUNNING until the next sweep ended it
+    FAILED as orphaned). Here the second comes before the run is ended; it must wait."""
+    import signal
+    import time
+
+    from orchestrator.__main__ import Interrupted, run_on_cluster
+    from orchestrator.arm import prepare
+
+    cfg = cfg_for()
+    job = load_job(cfg)
+    client = client_for(cfg)
+    created: list[str] = []
+    real_create, real_exit = MlflowClient.create_run, ArmTracker.__exit__
+
+    def interrupt_in_create_run(self, *args, **kwargs):
+        run = real_create(self, *args, **kwargs)
+        created.append(run.info.run_id)
+        os.kill(os.getpid(), signal.SIGINT)
+        return run
+
+    def interrupt_in_log_tags(self, tags):
+        created.append(self.run_id)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # the first lands here
+
+    def second_before_the_end(self, *exc):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # the second lands here, before the run is ended
+        return real_exit(self, *exc)
+
+    if first_at == "create_run":
+        monkeypatch.setattr(MlflowClient, "create_run", interrupt_in_create_run)
+    else:
+        monkeypatch.setattr(ArmTracker, "log_tags", interrupt_in_log_tags)
+    monkeypatch.setattr(ArmTracker, "__exit__", second_before_the_end)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:  # (not pytest's own stop, if it fails)
+            run_on_cluster(job, prepare(job, set()), cfg, tmp_path / "job")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert [client.get_run(run_id).info.status for run_id in created] == ["KILLED"]
+    assert isinstance(stopped.value, Interrupted)  # the line saying what was kept
+
+
 def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
     cfg = cfg_for(f"+deployment.roles.decode.env.HF_TOKEN={SECRET}")
     job, plan = job_and_plan(cfg)
