@@ -238,6 +238,7 @@ class InterruptGuard:
         self.fired = False
         self.shielded = False
         self.pending: int | None = None
+        self.depth = 0  # installs of this guard, one inside the other (the job's, then the arm's)
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.fired or self.shielded:
@@ -249,16 +250,25 @@ class InterruptGuard:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[InterruptGuard]:
+        """The guard's handlers while the block runs. When the outermost install ends, a signal it held
+        and nothing raised since (the arm ended on an error after its teardown) is raised: it still
+        stops the sweep."""
+        if self.depth:  # installed already, by the caller
+            yield self
+            return
         try:
             previous = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
         except ValueError:  # not the main thread (some launchers): signals keep their defaults
             yield self
             return
+        self.depth += 1
         try:
             yield self
         finally:
+            self.depth -= 1
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            self.raise_pending()
 
     @contextlib.contextmanager
     def shield(self) -> Iterator[None]:
@@ -295,20 +305,23 @@ def run_arm(
     `progress` hears the arm's phases and how it ended (the workload reports the sessions). `guard`: the
     caller's, where it already guards the run's creation (else one of the arm's own)."""
     guard = guard or InterruptGuard()
-    try:
-        summary = _run_arm(start, transports, tracker, workload, out_dir, on_event, holder, progress, guard)
-    except (PreflightError, LeaseHeld) as e:
-        progress.finish("REFUSED", str(e))
-        raise
-    except Exception as e:
-        progress.finish("FAILED", f"{type(e).__name__}: {e}")
-        raise
-    except BaseException:
-        progress.finish("KILLED")
-        raise
-    progress.finish(summary["status"], summary.pop("reason"))
-    guard.raise_pending()  # a signal held during the teardown of an arm that ended on its own
-    return summary
+    with guard.installed():
+        try:
+            summary = _run_arm(
+                start, transports, tracker, workload, out_dir, on_event, holder, progress, guard
+            )
+        except (PreflightError, LeaseHeld) as e:
+            progress.finish("REFUSED", str(e))
+            raise
+        except Exception as e:
+            progress.finish("FAILED", f"{type(e).__name__}: {e}")
+            raise
+        except BaseException:
+            progress.finish("KILLED")
+            raise
+        progress.finish(summary["status"], summary.pop("reason"))
+        guard.raise_pending()  # a signal held during the teardown of an arm that ended on its own
+        return summary
 
 
 def _run_arm(
@@ -326,7 +339,7 @@ def _run_arm(
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info("arm %s, repetition %d, signature %s", start.label, start.repetition, plan.signature)
     status, reason = "FINISHED", ""
-    with guard.installed(), tracker, contextlib.ExitStack() as teardown:
+    with tracker, contextlib.ExitStack() as teardown:
         teardown.callback(close_all, transports)
         try:
             expected = host_checks(plan, transports, tracker)

@@ -83,3 +83,23 @@ def test_two_runs_of_one_arm_each_parse_only_their_own_server_start(compose_cfg,
         captured = sum("cuda graph: True" in line for line in text.splitlines() if "Decode batch" in line)
         assert run.data.metrics["capture_batches"] == captured > 0
         assert any(run.info.run_id[:12] in p.name for p in logs)
+
+
+def test_a_signal_held_by_the_teardown_still_stops_the_sweep_when_the_arm_then_fails():
+    """A Ctrl-C held while the servers were stopped is raised once the arm is recorded; when the arm then
+    ended on an error, not on its own, the signal was dropped with the guard and the sweep went on (found
+    by the fault campaign: an interrupt that became a store error let the study run on)."""
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    from orchestrator.arm import InterruptGuard
+
+    guard = InterruptGuard()
+    with pytest.raises(KeyboardInterrupt, match="held during teardown"), guard.installed():
+        with guard.shield():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the signal lands in the teardown, and waits
+        raise RuntimeError("the arm failed after its teardown")

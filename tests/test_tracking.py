@@ -325,6 +325,53 @@ def test_a_double_interrupt_before_the_arm_takes_its_run_over_ends_it_killed(
     assert isinstance(stopped.value, Interrupted)  # the line saying what was kept
 
 
+def test_a_signal_during_a_store_write_is_raised_once_the_write_is_whole(cfg_for, monkeypatch):
+    """An interrupt inside a sqlite commit left the connection mid-transaction, and every later write of
+    the process failed "database is locked" (fault campaign): a signal during a tracker's store call waits
+    until the call returns, then is raised. Over HTTP calls are not held (a server that is down must not
+    make Ctrl-C wait out the client's retries)."""
+    import signal
+    import time
+
+    from orchestrator.tracking.write import tracker_client
+
+    cfg = cfg_for()
+    job, plan = job_and_plan(cfg)
+    tracker = ArmTracker.start(job.tracking, job.study, plan, 0, None)
+    real = MlflowClient.log_batch
+
+    def interrupted_midway(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the signal lands in the middle of the write
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", interrupted_midway)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tracker.log_tags({"written": "whole"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert client_for(cfg).get_run(tracker.run_id).data.tags["written"] == "whole"
+    assert type(tracker_client("http://127.0.0.1:5000")) is MlflowClient
+
+
+def test_an_interrupted_run_that_cannot_be_ended_still_stops_the_sweep(cfg_for, monkeypatch):
+    """A store error while an interrupted run was ended replaced the KeyboardInterrupt, and the sweep went
+    on to its next arm (fault campaign, the store locked): the interrupt goes on, the error is logged."""
+    from mlflow.exceptions import MlflowException
+
+    cfg = cfg_for()
+    job, plan = job_and_plan(cfg)
+
+    def locked(self, *args, **kwargs):
+        raise MlflowException("(sqlite3.OperationalError) database is locked")
+
+    with pytest.raises(KeyboardInterrupt), ArmTracker.start(job.tracking, job.study, plan, 0, None):
+        monkeypatch.setattr(MlflowClient, "set_terminated", locked)
+        raise KeyboardInterrupt
+
+
 def test_secrets_are_redacted_in_params_tags_and_artifacts(cfg_for, tmp_path):
     cfg = cfg_for(f"+deployment.roles.decode.env.HF_TOKEN={SECRET}")
     job, plan = job_and_plan(cfg)

@@ -364,6 +364,39 @@ def _release_interrupts(held: Held | None, drop: bool = False) -> None:
         signal.raise_signal(caught[0])
 
 
+class WholeCalls:
+    """An MlflowClient whose calls a SIGINT or SIGTERM does not cut: the signal waits until the call
+    returns (or fails), then is raised. An interrupt inside a sqlite commit left the store's connection
+    mid-transaction, and every later write of the process failed "database is locked" (found by the
+    fault campaign: a SIGINT in preflight as the host checks were tagged; the study went on, failing one
+    arm after another). Not used over HTTP: a request cut short leaves the server's store whole, and a
+    server that is down must not make Ctrl-C wait out the client's retries."""
+
+    def __init__(self, client: MlflowClient):
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def whole(*args: Any, **kwargs: Any) -> Any:
+            held = _hold_interrupts()
+            try:
+                result = attr(*args, **kwargs)
+            finally:
+                _release_interrupts(held)  # a signal that came meanwhile is raised here
+            return result
+
+        return whole
+
+
+def tracker_client(uri: str) -> MlflowClient:
+    """The client an arm's run is written through: `WholeCalls` but over HTTP."""
+    client = make_client(uri)
+    return client if uri.startswith(("http://", "https://")) else WholeCalls(client)  # type: ignore[return-value]
+
+
 class ArmTracker:
     """One MLflow child run per arm x repetition. Use as a context manager:
 
@@ -396,7 +429,7 @@ class ArmTracker:
     ) -> ArmTracker:
         """The arm's run, created RUNNING with its tags (and `extra_tags`, there from its first moment:
         the owner process of run/orphans.py), its params logged."""
-        client = make_client(tracking.uri)
+        client = tracker_client(tracking.uri)
         factors = view_factors(study, plan.factors)
         exp_id = ensure_experiment(client, study.name, artifact_location_for(tracking), factors)
         label = arm_label(plan.factors, study.baseline)
@@ -654,6 +687,13 @@ class ArmTracker:
                 self.fail(
                     f"{exc_type.__name__}: {exc}", "".join(traceback.format_exception(exc_type, exc, tb))
                 )
+        except Exception as e:
+            if exc_type is None:
+                raise
+            # what ended the arm goes on: an interrupt turned into a store error would let the sweep go
+            # on (found by the fault campaign, with the store locked); the next sweep ends the run
+            what = f"{type(e).__name__}: {e}"
+            log.error("could not end MLflow run %s after %s: %s", self.run_id, exc_type.__name__, what)
         finally:
             _release_interrupts(held, drop=interrupted)
         return False
