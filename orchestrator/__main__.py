@@ -116,6 +116,7 @@ def run_on_cluster(
     progress: ProgressSink = NO_PROGRESS,
 ) -> dict[str, Any]:
     """Run the job's prepared arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
+    from orchestrator.config import slurm
     from orchestrator.remote import make_transports
     from orchestrator.run import orphans
     from orchestrator.run import pool as cluster_pool
@@ -138,7 +139,8 @@ def run_on_cluster(
     # by the fault campaign: a SIGTERM while the tags were written left it RUNNING) ends it here, KILLED;
     # after that, the arm has ended it, and ending it again does nothing
     try:
-        placement = {"cluster": job.cluster.name}
+        # the SLURM job it runs in, if any (its id, nodes, partition): hydra/launcher=heisenhunt_slurm
+        placement = {"cluster": job.cluster.name, **slurm.allocation_tags()}
         if hold is not None:
             hold.record_run(tracker.run_id)
             placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)
