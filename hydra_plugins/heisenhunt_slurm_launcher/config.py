@@ -25,6 +25,13 @@ class SlurmLauncherConf:
             "exclusive": True,
             "cpus_per_task": 1,
             "signal_delay_s": 60,
+            # null: not passed (SLURM's default); other options with +hydra.launcher.sbatch.NAME=...
+            "partition": None,
+            "account": None,
+            "qos": None,
+            "gpus_per_node": None,
+            "mem_gb": None,
+            "constraint": None,
         }
     )
     # after Ctrl-C, how long the running arms get to tear down their servers after `scancel` before their

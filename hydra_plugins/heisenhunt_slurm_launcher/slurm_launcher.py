@@ -134,7 +134,7 @@ class SlurmLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
-        params = dict(self.sbatch or {})
+        params = {k: v for k, v in (self.sbatch or {}).items() if v is not None}
         params.setdefault("job_name", f"heisenhunt-{self.config.study.name}")
         executor.update_parameters(**params)
         job_fn = SlurmJob(self.hydra_context, self.task_function, self.config)
