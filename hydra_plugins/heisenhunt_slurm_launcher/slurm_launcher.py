@@ -178,6 +178,8 @@ class SlurmLauncher(Launcher):
             reason = ENDED_BY.get(slurm_state, f"SLURM ended it ({slurm_state})")
             if outcome is None:
                 reason += ", before the arm could return"
+        if outcome is None:  # killed outright (after KillWait, a lost node): stop what it left running
+            teardown_left(cfg, job_id, state.get("NodeList", ""))
         where = f"nodes {state.get('NodeList', '?')}, partition {state.get('Partition', '?')}"
         reason = f"{reason} [SLURM job {job_id}, state {state['JobState']}, {where}]"
         log.error("job %s: %s", " ".join(filter_overrides(overrides)), reason)
@@ -215,6 +217,7 @@ class SlurmLauncher(Launcher):
                         job_id,
                         "interrupted, and its teardown did not finish: SLURM job killed",
                     )
+                    teardown_left(jobs[job_id][2], job_id, queue_states([job_id])[job_id].get("NodeList", ""))
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -296,3 +299,55 @@ def fail_run(sweep_config: DictConfig, job_id: str, reason: str) -> "str | None"
             tag_run(job.tracking.uri, run.info.run_id, {"slurm.ended": reason})
         return run.info.run_id
     return None
+
+
+def teardown_left(sweep_config: DictConfig, job_id: str, nodes: str) -> None:
+    """Stop what the arm of a killed job left running on its nodes (their pid files), from here, under the
+    hosts' leases: the arm's cluster as the job saw it (its SLURM_JOB_NODELIST). Where the next arm holds
+    them already, its co-restart stops the leftovers instead; a node this machine cannot reach is left to
+    that too."""
+    import dataclasses
+
+    from orchestrator.config.load import load_job
+    from orchestrator.config.plan import plan_arm
+    from orchestrator.remote import close_all, make_transports
+    from orchestrator.run import lease as host_lease
+    from orchestrator.run.deploy import Deployment
+
+    if not nodes or nodes.startswith("("):
+        return  # never started (squeue's "(reason)")
+    saved = os.environ.get("SLURM_JOB_NODELIST")
+    os.environ["SLURM_JOB_NODELIST"] = nodes
+    try:
+        job = load_job(sweep_config)
+    finally:
+        if saved is None:
+            os.environ.pop("SLURM_JOB_NODELIST", None)
+        else:
+            os.environ["SLURM_JOB_NODELIST"] = saved
+    plan = plan_arm(job)
+    transports = {}
+    try:
+        transports = make_transports({role: rp.host for role, rp in plan.roles.items()})
+        holder = host_lease.Holder.this_process(
+            f"study {job.study.name}: tearing down after SLURM job {job_id}"
+        )
+        work_dirs = {role: rp.host.work_dir for role, rp in plan.roles.items()}
+        conf = dataclasses.replace(job.cluster.lease, wait_s=5.0)
+        with host_lease.hosts_held(host_lease.cluster_leases(transports, work_dirs), holder, conf):
+            problems = Deployment(plan, transports, run_label="slurm-recovery").stop_all()
+        if problems:
+            log.error("tearing down after SLURM job %s: %s", job_id, problems)
+        else:
+            log.info("after SLURM job %s was killed: its servers on %s are stopped", job_id, nodes)
+    except host_lease.LeaseHeld:
+        log.warning(
+            "after SLURM job %s: its nodes are held by the next arm, whose co-restart stops what it left",
+            job_id,
+        )
+    except Exception:
+        log.warning(
+            "after SLURM job %s: could not tear down what it left on %s", job_id, nodes, exc_info=True
+        )
+    finally:
+        close_all(transports)

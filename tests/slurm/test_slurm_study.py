@@ -128,3 +128,24 @@ def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
     assert "time limit" in run.data.tags["failure_reason"], run.data.tags["failure_reason"]
     assert not slurm.wait_empty(30)
     assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+
+
+def test_a_job_killed_outright_is_a_failed_arm_and_its_servers_are_stopped(slurm, tmp_path):
+    # SIGKILL to the job (as a lost node or a KillWait passed would): the arm never tears down, so the
+    # launcher ends its run FAILED and stops the servers it left from their pid files
+    proc = orchestrator(
+        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
+    )
+    try:
+        job = stressing_job(slurm, tmp_path)
+        slurm.run("scancel", "--signal=KILL", "--full", job)
+        out = finish(proc, 900)
+    finally:
+        kill_if_running(proc)
+    runs = {r.data.tags["slurm.job_id"]: r for r in arm_runs(tmp_path)}
+    killed = runs.pop(job)
+    assert killed.info.status == "FAILED", out[-3000:]
+    assert "before the arm could return" in killed.data.tags["failure_reason"], killed.data.tags
+    assert [r.info.status for r in runs.values()] == ["FINISHED"], out[-3000:]
+    assert not slurm.wait_empty(30)
+    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
