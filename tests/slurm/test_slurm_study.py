@@ -6,6 +6,7 @@ role on it, through the local transport), with free ports and work dirs under th
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ def arm_runs(tmp_path: Path, study: str = "quick") -> list:
 
 def servers_of(tmp_path: Path) -> list[str]:
     """Processes still running from this test's work dirs (sim servers, routers), by their command line."""
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines() if str(tmp_path) in line and "pytest" not in line]
 
 
@@ -131,14 +132,23 @@ def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
 
 
 def test_a_job_killed_outright_is_a_failed_arm_and_its_servers_are_stopped(slurm, tmp_path):
-    # SIGKILL to the job (as a lost node or a KillWait passed would): the arm never tears down, so the
+    # SIGKILL to the arm's process (as a lost node or a KillWait passed would): no teardown, so the
     # launcher ends its run FAILED and stops the servers it left from their pid files
     proc = orchestrator(
         tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
     )
     try:
         job = stressing_job(slurm, tmp_path)
-        slurm.run("scancel", "--signal=KILL", "--full", job)
+        # the arm's own process (submitit's, in the job's step), SIGKILLed: no teardown, no result
+        ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        # (one job runs at a time: --exclusive; its folder is passed as `.slurm/%j`)
+        ps = [line.split(None, 1) for line in ps.splitlines()[1:]]
+        [pid] = [
+            int(p)
+            for p, args in ps
+            if "submitit.core._submit" in args and str(tmp_path) in args and "srun" not in args
+        ]
+        os.kill(pid, signal.SIGKILL)
         out = finish(proc, 900)
     finally:
         kill_if_running(proc)
