@@ -116,6 +116,7 @@ def run_on_cluster(
     progress: ProgressSink = NO_PROGRESS,
 ) -> dict[str, Any]:
     """Run the job's prepared arm on `job.cluster` (`hold`: the pool member it holds, if any)."""
+    from orchestrator.config import slurm
     from orchestrator.remote import make_transports
     from orchestrator.run import orphans
     from orchestrator.run import pool as cluster_pool
@@ -146,7 +147,8 @@ def run_on_cluster(
         try:
             guard.shielded = False
             guard.raise_pending()
-            placement = {"cluster": job.cluster.name}
+            # the SLURM job it runs in, if any (its id, nodes, partition): hydra/launcher=heisenhunt_slurm
+            placement = {"cluster": job.cluster.name, **slurm.allocation_tags()}
             if hold is not None:
                 hold.record_run(tracker.run_id)
                 placement |= cluster_pool.lease_tags(job.cluster_pool, hold.grant)

@@ -20,7 +20,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.config import schema
+from orchestrator.config import schema, slurm
 from orchestrator.config.checks import DIFFERENCE_LEVELS, check_job, difference_levels, typed_level
 from orchestrator.config.schema import JobConf, SelectedLevel, StudyConf
 
@@ -56,6 +56,9 @@ OmegaConf.register_new_resolver("python", lambda: sys.executable, replace=True)
 OmegaConf.register_new_resolver(
     "package_file", lambda relative: str(Path(__file__).resolve().parents[1] / relative), replace=True
 )
+# `${slurm_node:0}`, `${slurm_transport:0}`: the roles placed on a SLURM job's allocation (config/slurm.py)
+OmegaConf.register_new_resolver("slurm_node", slurm.node, replace=True)
+OmegaConf.register_new_resolver("slurm_transport", slurm.transport, replace=True)
 register_configs()
 
 

@@ -1,0 +1,162 @@
+"""Studies whose arms run as SLURM jobs (hydra/launcher=heisenhunt_slurm, cluster=slurm) against the real
+slurmctld and slurmd of conftest.py: a whole study, a job cancelled by `scancel` mid-stress, Ctrl-C of the
+driver, and a job that hits its time limit. Each arm's cluster is its job's allocation (one node: every
+role on it, through the local transport), with free ports and work dirs under the test's tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.test_study import SMALL, finish, kill_if_running, no_servers_left, orchestrator
+
+# one SLURM for the module (loadgroup: on one pytest worker); each test runs whole studies as jobs
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm"), pytest.mark.timeout(900)]
+NODE = socket.gethostname().split(".")[0]
+ON_SLURM = ("cluster=slurm", "hydra/launcher=heisenhunt_slurm", "hydra.launcher.poll_s=0.5")
+
+
+def arm_runs(tmp_path: Path, study: str = "quick") -> list:
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name(study)
+    assert experiment is not None
+    return [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+
+
+def servers_of(tmp_path: Path) -> list[str]:
+    """Processes still running from this test's work dirs (sim servers, routers), by their command line."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if str(tmp_path) in line and "pytest" not in line]
+
+
+def stressing_job(slurm, tmp_path: Path, timeout: float = 240) -> str:
+    """The id of the SLURM job running now (one at a time: --exclusive) once its arm is mid-stress."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for sessions in (tmp_path / "multirun").glob("*/stress/sessions.jsonl"):
+            if sessions.read_text().strip() and not (sessions.parents[1] / "bench").exists():
+                running = slurm.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").split()
+                if len(running) == 1:
+                    return running[0]
+        time.sleep(0.5)
+    pytest.fail(f"no arm reached its stress in {timeout}s; queue {slurm.queue()}")
+
+
+def test_a_study_runs_each_arm_as_a_slurm_job(slurm, tmp_path):
+    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL)
+    try:
+        out = finish(proc, 900)
+    finally:
+        kill_if_running(proc)
+    assert proc.returncode == 0, out[-5000:]
+    runs = arm_runs(tmp_path)
+    assert len(runs) == 6 and {r.info.status for r in runs} == {"FINISHED"}, out[-3000:]
+    # each arm its own SLURM job, its provenance on its run
+    assert len({r.data.tags["slurm.job_id"] for r in runs}) == 6
+    assert {(r.data.tags["slurm.nodes"], r.data.tags["slurm.partition"]) for r in runs} == {(NODE, "debug")}
+    assert {r.data.tags["cluster"] for r in runs} == {"slurm"}
+    report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
+    assert [h["id"] for h in report["hypotheses"]] == ["H-multistream"]
+    assert not slurm.wait_empty(30)
+    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+
+
+def test_a_job_cancelled_by_scancel_mid_stress_is_one_failed_arm(slurm, tmp_path):
+    # two arms (one repetition each), the first long enough to be cancelled mid-stress
+    proc = orchestrator(
+        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
+    )
+    try:
+        job = stressing_job(slurm, tmp_path)
+        slurm.run("scancel", job)
+        out = finish(proc, 900)
+    finally:
+        kill_if_running(proc)
+    runs = {r.data.tags["slurm.job_id"]: r for r in arm_runs(tmp_path)}
+    cancelled = runs.pop(job)
+    assert cancelled.info.status == "FAILED", out[-3000:]
+    reason = cancelled.data.tags["failure_reason"]
+    assert "cancelled by SLURM" in reason and f"SLURM job {job}" in reason, reason
+    # the sweep went on: the other arm ran to its end
+    assert [r.info.status for r in runs.values()] == ["FINISHED"], out[-3000:]
+    assert slurm.job(job)["JobState"] == "CANCELLED"
+    assert not slurm.wait_empty(30)
+    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+
+
+def test_ctrl_c_of_the_driver_cancels_every_job_and_leaves_nothing_running(slurm, tmp_path):
+    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL, "workload.sessions=400")
+    try:
+        stressing_job(slurm, tmp_path)
+        assert len(slurm.queue()) == 6  # one running, five queued behind it (--exclusive)
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc, 300)
+    finally:
+        kill_if_running(proc)
+    assert proc.returncode == 130, out[-3000:]
+    assert not slurm.queue(), out[-3000:]  # nothing left in SLURM the moment the driver is gone
+    runs = arm_runs(tmp_path)
+    # the running arm was stopped (KILLED, as under the basic launcher); the queued ones never started
+    assert [r.info.status for r in runs] == ["KILLED"], out[-3000:]
+    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+
+
+def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
+    # a one-minute limit (SLURM's smallest) on an arm that needs longer
+    proc = orchestrator(
+        tmp_path,
+        *ON_SLURM,
+        *SMALL,
+        "hydra.sweeper.default_params.repetition=0",
+        "factor/multi_stream=on",
+        "hydra.launcher.sbatch.time=1",
+        "hydra.launcher.sbatch.signal_delay_s=5",
+        "workload.sessions=5000",
+    )
+    try:
+        out = finish(proc, 600)
+    finally:
+        kill_if_running(proc)
+    [run] = arm_runs(tmp_path)
+    assert run.info.status == "FAILED", out[-3000:]
+    assert "time limit" in run.data.tags["failure_reason"], run.data.tags["failure_reason"]
+    assert not slurm.wait_empty(30)
+    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+
+
+def test_a_job_killed_outright_is_a_failed_arm_and_its_servers_are_stopped(slurm, tmp_path):
+    # SIGKILL to the arm's process (as a lost node or a KillWait passed would): no teardown, so the
+    # launcher ends its run FAILED and stops the servers it left from their pid files
+    proc = orchestrator(
+        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
+    )
+    try:
+        job = stressing_job(slurm, tmp_path)
+        # the arm's own process (submitit's, in the job's step), SIGKILLed: no teardown, no result
+        ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        # (one job runs at a time: --exclusive; its folder is passed as `.slurm/%j`)
+        ps = [line.split(None, 1) for line in ps.splitlines()[1:]]
+        [pid] = [
+            int(p)
+            for p, args in ps
+            if "submitit.core._submit" in args and str(tmp_path) in args and "srun" not in args
+        ]
+        os.kill(pid, signal.SIGKILL)
+        out = finish(proc, 900)
+    finally:
+        kill_if_running(proc)
+    runs = {r.data.tags["slurm.job_id"]: r for r in arm_runs(tmp_path)}
+    killed = runs.pop(job)
+    assert killed.info.status == "FAILED", out[-3000:]
+    assert "before the arm could return" in killed.data.tags["failure_reason"], killed.data.tags
+    assert [r.info.status for r in runs.values()] == ["FINISHED"], out[-3000:]
+    assert not slurm.wait_empty(30)
+    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
