@@ -240,9 +240,22 @@ class Sandbox:
             member = self.member_of(job)
             path = self.root / f"{member}-{role}" / f"{role}.pid" if member else None
         try:
-            return path if path and (job is None or path.stat().st_mtime >= job.started) else None
+            return path if path and (job is None or path.stat().st_mtime >= self.since(job, path)) else None
         except OSError:
             return None
+
+    def since(self, job: ArmProgress, pid_file: Path) -> float:
+        """When the job's own servers can have been written: after it began and after it took the lease
+        of their cluster. A job of a pool waits for its lease; the servers of an arm whose Ray worker was
+        killed stay until the next holder's co-restart stops them, with pid files written after the
+        waiting job began: the checker's own mistake once (seed 2087043557, a decode killed in the
+        "health gate" of an arm that then FINISHED: the decode was the killed arm's)."""
+        lease = pid_file.parent.parent / f"{pid_file.parent.name.rsplit('-', 1)[0]}-prefill" / "lease"
+        try:
+            taken = (lease / "holder.json").stat().st_mtime
+        except OSError:
+            taken = 0.0
+        return max(job.started, taken)
 
     @staticmethod
     def leased_to(work_dir: Path, job: ArmProgress) -> bool:
