@@ -77,6 +77,11 @@ def make_client(uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
+def is_tracking_server(uri: str) -> bool:
+    """An MLflow tracking server (its UI at the same address), not a store this process opens itself."""
+    return uri.startswith(("http://", "https://"))
+
+
 # a store busy for a while, not broken: sqlite's lock held by another writer past its busy timeout
 TRANSIENT_STORE_ERRORS = ("database is locked", "database table is locked")
 

@@ -45,6 +45,7 @@ from orchestrator.tracking.layout import (
     RATE,
     SESSIONS,
     VIEW_TAG,
+    is_tracking_server,
     make_client,
 )
 from orchestrator.workload import decode_load
@@ -148,7 +149,7 @@ def ui_hint(uri: str, study: str) -> str:
     exp = make_client(uri).get_experiment_by_name(study)
     if exp is None:
         return ""
-    if uri.startswith(("http://", "https://")):
+    if is_tracking_server(uri):
         return f"arms in the MLflow UI: {arms_view_url(uri, exp.experiment_id)}"
     return (
         f"arms in the MLflow UI: `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then "
@@ -394,7 +395,7 @@ class WholeCalls:
 def tracker_client(uri: str) -> MlflowClient:
     """The client an arm's run is written through: `WholeCalls` but over HTTP."""
     client = make_client(uri)
-    return client if uri.startswith(("http://", "https://")) else WholeCalls(client)  # type: ignore[return-value]
+    return client if is_tracking_server(uri) else WholeCalls(client)  # type: ignore[return-value]
 
 
 class ArmTracker:
