@@ -599,3 +599,36 @@ def test_a_store_busy_for_a_while_is_waited_for_and_any_other_error_raised_at_on
     with pytest.raises(ValueError):
         retry_store(broken, sleep=lambda s: pytest.fail("waited on an error that is not the store's"))
     assert calls == [1]
+
+
+def test_the_first_client_of_a_process_waits_for_a_store_locked_past_sqlites_busy_timeout(tmp_path):
+    """The fault campaign's seed 173879092 again, at its real place: a resumed sweep's first client opens
+    the store (MLflow checks its tables) while another writer holds the lock for longer than sqlite's
+    5 s busy timeout. The open is waited for, as every other use of a busy store is."""
+    import sqlite3
+    import threading
+    import time
+
+    from orchestrator.tracking.layout import make_client
+
+    db = tmp_path / "busy.db"  # a store this process has never opened (MLflow caches a store per URI)
+    sqlite3.connect(db).close()
+    locked, held_s = threading.Event(), 6.5
+
+    def hold_the_lock():
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        locked.set()
+        time.sleep(held_s)
+        conn.execute("ROLLBACK")
+        conn.close()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    locked.wait()
+    start = time.monotonic()
+    client = make_client(f"sqlite:///{db}")
+    waited = time.monotonic() - start
+    holder.join()
+    assert waited > 5.0  # it did meet the lock past sqlite's own wait
+    assert client.search_experiments()  # and the store it opened works ("Default")

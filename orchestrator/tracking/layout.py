@@ -74,7 +74,11 @@ PLANNED_ARTIFACT = "study/planned.json"
 
 
 def make_client(uri: str) -> MlflowClient:
-    return MlflowClient(tracking_uri=uri)
+    """A client of the store at `uri`. The first client of a process opens the store (MLflow checks its
+    tables then), and a store busy for a while is waited for there as everywhere (found by the fault
+    campaign, seed 173879092: a resumed sweep's first open met a lock held past sqlite's busy timeout and
+    the sweep exited 1)."""
+    return retry_store(lambda: MlflowClient(tracking_uri=uri))
 
 
 def is_tracking_server(uri: str) -> bool:
