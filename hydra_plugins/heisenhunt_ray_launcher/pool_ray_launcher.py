@@ -21,50 +21,37 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
-from hydra.plugins.launcher import Launcher
-from omegaconf import DictConfig, OmegaConf, open_dict
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.run.launching import StudyLauncher, import_extra
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "HEISENHUNT_"
 
 
-class PoolRayLauncher(Launcher):
+class PoolRayLauncher(StudyLauncher):
     def __init__(self, ray: DictConfig, teardown_s: float = 120.0) -> None:
         self.ray_cfg = ray
         self.teardown_s = float(teardown_s)
-        self.hydra_context = None
-        self.task_function = None
-        self.config: DictConfig | None = None
-
-    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        try:
-            import ray
-            from hydra_plugins.hydra_ray_launcher._launcher_util import launch_job_on_ray, start_ray
-        except ImportError as e:
-            raise ImportError(
-                f"hydra/launcher=heisenhunt_ray needs Ray and Hydra's Ray launcher: "
-                f"pip install 'heisenhunt[ray]' ({e})"
-            ) from e
+        ray, launcher_util = import_extra(
+            ["ray", "hydra_plugins.hydra_ray_launcher._launcher_util"],
+            "heisenhunt_ray",
+            "ray",
+            "Ray and Hydra's Ray launcher",
+        )
         from hydra.core.singleton import Singleton
 
-        setup_globals()
-        assert self.config is not None and self.hydra_context is not None
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        self.begin_launch()
         init = OmegaConf.to_container(self.ray_cfg.init, resolve=True)
         if not init.get("address"):  # a Ray started here: as Hydra's launcher, small for CI machines
             init.setdefault("object_store_memory", 78643200)
-        start_ray(OmegaConf.create(init))
+        launcher_util.start_ray(OmegaConf.create(init))
         from orchestrator.run.interrupts import honour_interrupts
 
         honour_interrupts()  # ray.init made SIGTERM a sys.exit, which would skip cancelling the jobs
@@ -74,11 +61,8 @@ class PoolRayLauncher(Launcher):
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = f"job_id_for_{idx}"
-                sweep_config.hydra.job.num = idx
-            ref = launch_job_on_ray(
+            sweep_config = self.sweep_config(overrides, idx, job_id=f"job_id_for_{idx}")
+            ref = launcher_util.launch_job_on_ray(
                 self.hydra_context, remote, sweep_config, self.task_function, Singleton.get_state()
             )
             jobs[ref] = (list(overrides), sweep_config)

@@ -26,13 +26,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
-from hydra.plugins.launcher import Launcher
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from orchestrator.run.launching import StudyLauncher, import_extra
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class SlurmJob:
             return {INTERRUPTED: str(e) or "interrupted", "time_limit_near": self.warned}
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(StudyLauncher):
     def __init__(
         self, submitit_folder: str, sbatch: DictConfig, teardown_s: float = 120.0, poll_s: float = 1.0
     ) -> None:
@@ -113,40 +113,20 @@ class SlurmLauncher(Launcher):
         self.sbatch = OmegaConf.to_container(sbatch, resolve=True) if OmegaConf.is_config(sbatch) else sbatch
         self.teardown_s = float(teardown_s)
         self.poll_s = float(poll_s)
-        self.hydra_context = None
-        self.task_function = None
-        self.config: DictConfig | None = None
-
-    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        try:
-            import submitit
-        except ImportError as e:
-            raise ImportError(
-                f"hydra/launcher=heisenhunt_slurm needs submitit: pip install 'heisenhunt[slurm]' ({e})"
-            ) from e
-        setup_globals()
-        assert self.config is not None and self.hydra_context is not None
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        (submitit,) = import_extra(["submitit"], "heisenhunt_slurm", "slurm", "submitit")
+        config = self.begin_launch()
         executor = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=0)
         params = {k: v for k, v in (self.sbatch or {}).items() if v is not None}
-        params.setdefault("job_name", f"heisenhunt-{self.config.study.name}")
+        params.setdefault("job_name", f"heisenhunt-{config.study.name}")
         executor.update_parameters(**params)
         job_fn = SlurmJob(self.hydra_context, self.task_function, self.config)
         jobs: dict[str, tuple] = {}  # SLURM job id -> (submitit job, overrides, sweep config)
         try:
             for i, overrides in enumerate(job_overrides):
                 idx = initial_job_idx + i
-                sweep_config = self.hydra_context.config_loader.load_sweep_config(
-                    self.config, list(overrides)
-                )
-                with open_dict(sweep_config):
-                    sweep_config.hydra.job.num = idx
+                sweep_config = self.sweep_config(overrides, idx)
                 job = executor.submit(job_fn, list(overrides), idx, Singleton.get_state())
                 jobs[job.job_id] = (job, list(overrides), sweep_config)
                 log.info("\t#%d : %s (SLURM job %s)", idx, " ".join(filter_overrides(overrides)), job.job_id)

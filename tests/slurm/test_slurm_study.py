@@ -69,27 +69,33 @@ def test_a_study_runs_each_arm_as_a_slurm_job(slurm, tmp_path):
     assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
 
 
-def test_a_job_cancelled_by_scancel_mid_stress_is_one_failed_arm(slurm, tmp_path):
-    # two arms (one repetition each), the first long enough to be cancelled mid-stress
+def one_of_two_arms_ended_mid_stress(slurm, tmp_path: Path, end_job) -> tuple[str, object]:
+    """A study of two arms (one repetition each), the first long enough to be ended mid-stress by
+    `end_job(job_id)`; the sweep must go on and run the other to its end, leaving nothing running.
+    Returns the ended job's id and its arm's run."""
     proc = orchestrator(
         tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
     )
     try:
         job = stressing_job(slurm, tmp_path)
-        slurm.run("scancel", job)
+        end_job(job)
         out = finish(proc, 900)
     finally:
         kill_if_running(proc)
     runs = {r.data.tags["slurm.job_id"]: r for r in arm_runs(tmp_path)}
-    cancelled = runs.pop(job)
-    assert cancelled.info.status == "FAILED", out[-3000:]
-    reason = cancelled.data.tags["failure_reason"]
-    assert "cancelled by SLURM" in reason and f"SLURM job {job}" in reason, reason
-    # the sweep went on: the other arm ran to its end
+    ended = runs.pop(job)
+    assert ended.info.status == "FAILED", out[-3000:]
     assert [r.info.status for r in runs.values()] == ["FINISHED"], out[-3000:]
-    assert slurm.job(job)["JobState"] == "CANCELLED"
     assert not slurm.wait_empty(30)
     assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+    return job, ended
+
+
+def test_a_job_cancelled_by_scancel_mid_stress_is_one_failed_arm(slurm, tmp_path):
+    job, run = one_of_two_arms_ended_mid_stress(slurm, tmp_path, lambda job: slurm.run("scancel", job))
+    reason = run.data.tags["failure_reason"]
+    assert "cancelled by SLURM" in reason and f"SLURM job {job}" in reason, reason
+    assert slurm.job(job)["JobState"] == "CANCELLED"
 
 
 def test_ctrl_c_of_the_driver_cancels_every_job_and_leaves_nothing_running(slurm, tmp_path):
@@ -135,14 +141,11 @@ def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
 def test_a_job_killed_outright_is_a_failed_arm_and_its_servers_are_stopped(slurm, tmp_path):
     # SIGKILL to the arm's process (as a lost node or a KillWait passed would): no teardown, so the
     # launcher ends its run FAILED and stops the servers it left from their pid files
-    proc = orchestrator(
-        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
-    )
-    try:
-        job = stressing_job(slurm, tmp_path)
-        # the arm's own process (submitit's, in the job's step), SIGKILLed: no teardown, no result
+
+    def kill_the_arms_process(job: str) -> None:
+        # the arm's own process (submitit's, in the job's step; one job runs at a time: --exclusive, its
+        # folder passed as `.slurm/%j`), SIGKILLed: no teardown, no result
         ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        # (one job runs at a time: --exclusive; its folder is passed as `.slurm/%j`)
         ps = [line.split(None, 1) for line in ps.splitlines()[1:]]
         [pid] = [
             int(p)
@@ -150,13 +153,6 @@ def test_a_job_killed_outright_is_a_failed_arm_and_its_servers_are_stopped(slurm
             if "submitit.core._submit" in args and str(tmp_path) in args and "srun" not in args
         ]
         os.kill(pid, signal.SIGKILL)
-        out = finish(proc, 900)
-    finally:
-        kill_if_running(proc)
-    runs = {r.data.tags["slurm.job_id"]: r for r in arm_runs(tmp_path)}
-    killed = runs.pop(job)
-    assert killed.info.status == "FAILED", out[-3000:]
-    assert "before the arm could return" in killed.data.tags["failure_reason"], killed.data.tags
-    assert [r.info.status for r in runs.values()] == ["FINISHED"], out[-3000:]
-    assert not slurm.wait_empty(30)
-    assert not no_servers_left(tmp_path) and not servers_of(tmp_path)
+
+    _, run = one_of_two_arms_ended_mid_stress(slurm, tmp_path, kill_the_arms_process)
+    assert "before the arm could return" in run.data.tags["failure_reason"], run.data.tags
