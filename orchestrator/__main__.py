@@ -227,6 +227,10 @@ def cli() -> None:
     try:
         honour_interrupts()  # in every phase, even when SIGINT was inherited ignored (run/interrupts.py)
         main()
+        from orchestrator.report.pipeline import study_failed
+
+        if study_failed():  # the arms ran; the report was not written (said above, with how to rebuild it)
+            sys.exit(1)
     except KeyboardInterrupt as e:
         console.stop_display()  # the terminal restored before anything is printed
         print(

@@ -187,3 +187,50 @@ def test_a_server_that_crashes_mid_stress_and_comes_back_loses_nothing(server, t
     assert sorted(on_disk.values()) == sorted(int(r.data.metrics["sessions_total"]) for r in runs), on_disk
     assert rebuilt_report(root, server.uri, "team-crash") == written_report(root, "team-crash")
     assert not no_servers_left(root)
+
+
+def test_results_measured_while_the_server_is_down_past_its_retries_are_sent_on_resume(server, tmp_path):
+    """The server goes down mid-stress and stays down past the client's retries (here none) until the sweep
+    has ended: the arm runs to its end, its writes kept in the outbox; the server comes back, and the
+    study resumed sends them first: the arm's run ends FINISHED with every session measured, and is not
+    run again."""
+    root, outbox = tmp_path / "study", tmp_path / "outbox"
+    extra = [*local_cluster_overrides(root), "workload.rounds=1", "bench.enabled=false", "repetition=0"]
+    extra += ["workload.sessions=24", "workload.concurrency=2", "factor/multi_stream=on"]
+    extra += [f"tracking.outbox_dir={outbox}"]
+    no_retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    proc = sweep(root, server.uri, "team-outbox", *extra, env=no_retries)
+    try:
+        sessions = root / "multirun" / "0" / "stress" / "sessions.jsonl"
+        deadline = time.monotonic() + 240
+        while not (sessions.is_file() and sessions.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "the arm never reached its stress run"
+            time.sleep(0.2)
+        server.stop(signal.SIGKILL)
+        out = finish(proc, 420)  # the sweep ends with the server still down: no report
+    finally:
+        kill_if_running(proc)
+        server.start()
+    assert proc.returncode != 0, out[-4000:]
+    job_log = (root / "multirun" / "0" / "__main__.log").read_text()
+    assert "results kept in" in job_log and "resume=true" in job_log, job_log[-3000:]
+    [kept] = [p for p in (outbox / "team-outbox").iterdir() if p.is_dir()]
+    measured = sessions.read_text().count("\n")
+
+    proc = sweep(root, server.uri, "team-outbox", *extra, "resume=true", env=no_retries)
+    try:
+        out = finish(proc, 420)
+    finally:
+        kill_if_running(proc)
+    assert proc.returncode == 0, out[-4000:]
+    [run] = arm_runs(server.uri, "team-outbox")  # sent, and not run again
+    assert run.info.run_id == kept.name and run.info.status == "FINISHED"
+    assert int(run.data.metrics["sessions_total"]) == measured == 24
+    assert run.data.tags["outcomes"] == "complete"
+    client = MlflowClient(server.uri)
+    sent = client.download_artifacts(run.info.run_id, "stress/sessions.jsonl", str(tmp_path))
+    assert Path(sent).read_text() == sessions.read_text()
+    assert not kept.exists()
+    assert rebuilt_report(root, server.uri, "team-outbox") == written_report(root, "team-outbox")
+    assert not no_servers_left(root)

@@ -400,6 +400,9 @@ class TrackingConf:
     # where artifacts go for a new experiment (null: mlruns/ beside a sqlite store's file, else the
     # server's default)
     artifact_location: str | None = None
+    # a tracking server's writes it did not answer (down past the client's retries), kept per study and
+    # sent when it answers again: tracking/outbox.py
+    outbox_dir: str = "${oc.env:HOME}/.cache/heisenhunt/outbox"
 
     @property
     def sqlite_file(self) -> str:

@@ -100,6 +100,12 @@ def open_parent_run() -> str | None:
     return _CURRENT[-1].run_id if _CURRENT else None
 
 
+def study_failed() -> bool:
+    """The sweep ran, but its report could not be written or its study run not ended (the arms' runs are
+    kept; the command exits 1, having said how to rebuild the report)."""
+    return bool(_CURRENT and _CURRENT[-1].failed)
+
+
 def opened_parent_run() -> str | None:
     """The sweep's parent run if it was opened (None: not yet, or no study callback)."""
     return _CURRENT[-1]._run_id if _CURRENT else None
@@ -115,6 +121,7 @@ class StudyCallback(Callback):
         self._uri: str | None = None
         self._saved_env: str | None = None
         self._ended = False
+        self.failed = False  # the report or the end of the study run failed (study_failed)
 
     @property
     def run_id(self) -> str | None:
@@ -145,6 +152,9 @@ class StudyCallback(Callback):
         def open_run() -> str:
             from orchestrator.run import orphans
 
+            # results an earlier sweep kept while the server did not answer are sent first: their runs
+            # end as their arms ended them, not as orphans
+            _write().deliver_outboxes(tracking_conf, study.name)
             # runs of this study a killed orchestrator left RUNNING are ended first, saying so
             orphans.end_orphaned_runs(uri, study.name, socket.gethostname(), by=f"the sweep in {sweep_dir}")
             run_id = _write().start_study_run(
@@ -182,6 +192,15 @@ class StudyCallback(Callback):
         metrics: dict[str, float] = {}
         _clean_up_pool(config)
         try:
+            # what the arms kept while the tracking server did not answer goes in before the report
+            kept = _write().deliver_outboxes(OmegaConf.to_object(config.tracking), self.study_name or "")
+            if kept:
+                log.warning(
+                    "%d arm runs' results are still kept for the tracking server (%s): the report lacks "
+                    "them; resume=true sends them",
+                    len(kept),
+                    ", ".join(kept),
+                )
             # a store busy for a while (another study's writes, a lock held) is waited for, not reported
             # as a failed report (found by the fault campaign, seed 173879092: the sweep exited 1)
             result, paths = _layout().retry_store(
@@ -209,10 +228,15 @@ class StudyCallback(Callback):
             console.show_kept()
         finally:
             uri, run_id = self._uri, self._run_id
-            _layout().retry_store(
-                lambda: _write().end_study_run(uri, run_id, paths, failure, headline, metrics)
-            )
+            try:
+                _layout().retry_store(
+                    lambda: _write().end_study_run(uri, run_id, paths, failure, headline, metrics)
+                )
+            except Exception as e:  # (Hydra would only warn of it, and the sweep exit 0)
+                log.exception("the study's run %s could not be ended", run_id)
+                failure = failure or f"ending the study's run: {type(e).__name__}: {e}"
             self._ended = True
+            self.failed = failure is not None
             self._restore_env()
             atexit.unregister(self._abandoned)
 

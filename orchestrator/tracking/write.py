@@ -48,6 +48,7 @@ from orchestrator.tracking.layout import (
     is_tracking_server,
     make_client,
 )
+from orchestrator.tracking.outbox import OutboxClient, deliver_all
 from orchestrator.workload import decode_load
 from orchestrator.workload.bench import bench_to_dict
 from orchestrator.workload.detect import FAMILIES
@@ -392,6 +393,19 @@ class WholeCalls:
         return whole
 
 
+def outbox_root(tracking: TrackingConf, study: str) -> Path:
+    return Path(tracking.outbox_dir).expanduser() / study
+
+
+def deliver_outboxes(tracking: TrackingConf, study: str) -> list[str]:
+    """The study's results kept while its tracking server did not answer, sent now (outbox.py); the run
+    ids still kept."""
+    if not is_tracking_server(tracking.uri):
+        return []
+    _, kept = deliver_all(make_client(tracking.uri), outbox_root(tracking, study), tracking.uri, study)
+    return kept
+
+
 def tracker_client(uri: str) -> MlflowClient:
     """The client an arm's run is written through: `WholeCalls` but over HTTP."""
     client = make_client(uri)
@@ -431,6 +445,9 @@ class ArmTracker:
         """The arm's run, created RUNNING with its tags (and `extra_tags`, there from its first moment:
         the owner process of run/orphans.py), its params logged."""
         client = tracker_client(tracking.uri)
+        if is_tracking_server(tracking.uri):
+            outbox = outbox_root(tracking, study.name)
+            client = OutboxClient(client, outbox, tracking.uri, study.name, log.warning)
         factors = view_factors(study, plan.factors)
         exp_id = ensure_experiment(client, study.name, artifact_location_for(tracking), factors)
         label = arm_label(plan.factors, study.baseline)
