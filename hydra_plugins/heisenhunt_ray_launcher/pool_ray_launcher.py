@@ -1,7 +1,7 @@
 """Hydra's Ray launcher (hydra-ray-launcher) with what a study needs of it.
 
-Each job is a Ray task, started as Hydra's `ray` launcher starts it (its `start_ray` and
-`launch_job_on_ray`, the same `ray.init` / `ray.remote` options). What differs is how results come back:
+Each job is a Ray task that runs it as Hydra's `ray` launcher does (its `start_ray` and `_run_job`, the
+same `ray.init` / `ray.remote` options). What differs is how jobs start and how results come back:
 
 - in the order jobs finish (`ray.wait`), so a lost worker is noticed while the others run;
 - a task whose worker or node died is one FAILED arm, not a failed sweep: its MLflow run ends FAILED with
@@ -11,7 +11,13 @@ Each job is a Ray task, started as Hydra's `ray` launcher starts it (its `start_
   and tears its servers down, as under the basic launcher), waits `teardown_s` for them, kills those that
   did not finish and stops what they left running, then raises. Hydra's own launcher leaves that to
   Ray, which kills the workers and leaves their servers running.
-- the orchestrator's own `HEISENHUNT_*` environment (the sweep's parent run) reaches the workers.
+- the orchestrator's own `HEISENHUNT_*` environment (the sweep's parent run) reaches the workers, as each
+  job's argument (orchestrator/run/ray_worker.py): no runtime env, so the jobs run in the workers Ray
+  starts with itself;
+- Ray starts while the sweep is validated: `setup` (before the sweeper composes and checks the arms on
+  their hosts) starts `ray.init` in a thread and has as many workers as the pool has members import what a
+  job imports, so the first jobs start in warm workers as soon as the sweep is accepted. A sweep that
+  launches nothing (dry_run, preflight_only) starts no Ray.
 
 Ray is an optional extra: without it this plugin only says how to install it.
 """
@@ -20,6 +26,7 @@ Ray is an optional extra: without it this plugin only says how to install it.
 import logging
 import os
 import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,50 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
-ENV_PREFIX = "HEISENHUNT_"
+# what a job imports that a fresh interpreter has not (seconds of a cold worker): warmed before the launch
+JOB_MODULES = (
+    "hydra_plugins.hydra_ray_launcher._launcher_util",
+    "orchestrator.arm",
+    "orchestrator.config.load",
+    "orchestrator.run.pool",
+    "orchestrator.tracking.read",
+    "orchestrator.tracking.write",
+    "orchestrator.workload.stress",
+)
+
+
+def _ray_modules() -> tuple[Any, Any, Any]:
+    """(ray, Hydra's job runner for a Ray worker, its start_ray), or an ImportError that says how to
+    install them."""
+    try:
+        import ray
+        from hydra_plugins.hydra_ray_launcher._launcher_util import _run_job, start_ray
+    except ImportError as e:
+        raise ImportError(
+            f"hydra/launcher=heisenhunt_ray needs Ray and Hydra's Ray launcher: "
+            f"pip install 'heisenhunt[ray]' ({e})"
+        ) from e
+    return ray, _run_job, start_ray
+
+
+def init_options(init_cfg: DictConfig) -> DictConfig:
+    """ray.init's options: as configured; a Ray started here small, as Hydra's launcher makes it for CI
+    machines."""
+    init = OmegaConf.to_container(init_cfg, resolve=True)
+    if not init.get("address"):
+        init.setdefault("object_store_memory", 78643200)
+    return OmegaConf.create(init)
+
+
+def remote_options(ray_cfg: DictConfig) -> dict[str, Any]:
+    """ray.remote's options for every task, as configured."""
+    return OmegaConf.to_container(ray_cfg.remote, resolve=True)
+
+
+def warm_workers(config: DictConfig) -> int:
+    """How many workers to warm: one per arm that runs at once (a pool's members; one without a pool)."""
+    pool = config.get("cluster_pool")
+    return max(1, len(pool.clusters)) if pool is not None else 1
 
 
 class PoolRayLauncher(Launcher):
@@ -40,35 +90,57 @@ class PoolRayLauncher(Launcher):
         self.hydra_context = None
         self.task_function = None
         self.config: DictConfig | None = None
+        self._starting: threading.Thread | None = None
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        if not (config.get("dry_run") or config.get("preflight_only")):
+            # Ray's start (seconds) and its workers' imports overlap the sweep's validation
+            self._starting = threading.Thread(
+                target=self._start_ray_warm, args=(warm_workers(config),), name="ray-start", daemon=True
+            )
+            self._starting.start()
+
+    def _start_ray_warm(self, workers: int) -> None:
+        """ray.init, then `workers` tasks importing what a job imports (left running: the launch does
+        not wait for them). A failure is logged; `launch` starts Ray again and raises it there."""
+        try:
+            ray, _, start_ray = _ray_modules()
+            start_ray(init_options(self.ray_cfg.init))
+            from orchestrator.run.ray_worker import warm_up
+
+            # the jobs' own options: the workers warmed are the ones the jobs will run in
+            warm = ray.remote(warm_up).options(**remote_options(self.ray_cfg))
+            for _ in range(workers):
+                warm.remote(JOB_MODULES)
+        except Exception as e:
+            log.warning(
+                "Ray could not start ahead of the launch (%s: %s); starting it now", type(e).__name__, e
+            )
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        try:
-            import ray
-            from hydra_plugins.hydra_ray_launcher._launcher_util import launch_job_on_ray, start_ray
-        except ImportError as e:
-            raise ImportError(
-                f"hydra/launcher=heisenhunt_ray needs Ray and Hydra's Ray launcher: "
-                f"pip install 'heisenhunt[ray]' ({e})"
-            ) from e
+        ray, run_job_in_worker, start_ray = _ray_modules()
         from hydra.core.singleton import Singleton
+
+        from orchestrator.run.ray_worker import call_with_env, job_env
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        init = OmegaConf.to_container(self.ray_cfg.init, resolve=True)
-        if not init.get("address"):  # a Ray started here: as Hydra's launcher, small for CI machines
-            init.setdefault("object_store_memory", 78643200)
-        start_ray(OmegaConf.create(init))
+        if self._starting is not None:
+            self._starting.join()  # started at setup, while the sweep was validated
+        start_ray(init_options(self.ray_cfg.init))  # (running already: a no-op)
         from orchestrator.run.interrupts import honour_interrupts
 
         honour_interrupts()  # ray.init made SIGTERM a sys.exit, which would skip cancelling the jobs
-        remote = self._remote_options()
+        remote = remote_options(self.ray_cfg)
+        env = job_env(os.environ, (remote.get("runtime_env") or {}).get("env_vars"))
+        task = ray.remote(call_with_env).options(**remote)
+        # what every job shares, serialized once rather than once per job
+        shared = [ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())]
         log.info("Ray launcher: %d jobs", len(job_overrides))
         jobs: dict[Any, tuple] = {}
         for i, overrides in enumerate(job_overrides):
@@ -78,9 +150,8 @@ class PoolRayLauncher(Launcher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = f"job_id_for_{idx}"
                 sweep_config.hydra.job.num = idx
-            ref = launch_job_on_ray(
-                self.hydra_context, remote, sweep_config, self.task_function, Singleton.get_state()
-            )
+            context, task_function, singletons = shared
+            ref = task.remote(env, run_job_in_worker, context, sweep_config, task_function, singletons)
             jobs[ref] = (list(overrides), sweep_config)
         results: dict[Any, JobReturn] = {}
         pending = list(jobs)
@@ -93,15 +164,6 @@ class PoolRayLauncher(Launcher):
             self._stop_all(pending, jobs)
             raise
         return [results[ref] for ref in jobs]
-
-    def _remote_options(self) -> DictConfig:
-        remote = OmegaConf.to_container(self.ray_cfg.remote, resolve=True)
-        env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
-        if env:
-            runtime_env = dict(remote.get("runtime_env") or {})
-            runtime_env["env_vars"] = {**env, **(runtime_env.get("env_vars") or {})}
-            remote["runtime_env"] = runtime_env
-        return OmegaConf.create(remote)
 
     def _result(self, ref: Any, overrides: list[str], sweep_config: DictConfig) -> JobReturn:
         import ray

@@ -198,6 +198,9 @@ def test_each_round_of_a_sequential_study_is_one_ray_batch_spread_over_the_pool(
     reasons = [r.data.tags.get("failure_reason") for r in runs]
     assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}, (reasons, out[-3000:])
     assert {r.data.tags["lease.by"] for r in runs} == {"ray"}
+    # in the head's two workers, one per CPU: a job waiting on the pool's actor lends Ray no CPU, so no
+    # worker started cold for a third job meanwhile (pool.awaited)
+    assert len({holder_pid(r) for r in runs}) <= 2, [r.data.tags["lease.holder"] for r in runs]
     # the terminal followed the arms run in Ray's workers (their progress files): a line per arm ended
     finished = [line for line in out.splitlines() if line.startswith("arm ") and ": FINISHED, 40/40" in line]
     assert len(finished) == 4, out[-3000:]
