@@ -83,6 +83,12 @@ def warm_workers(config: DictConfig) -> int:
     return max(1, len(pool.clusters)) if pool is not None else 1
 
 
+def _no_sigterm_note(record: logging.LogRecord) -> bool:
+    """Ray's note that a ray.init outside the main thread set no SIGTERM handler, left out: the launch
+    sets the study's own (honour_interrupts)."""
+    return "SIGTERM handler is not set" not in record.getMessage()
+
+
 class PoolRayLauncher(Launcher):
     def __init__(self, ray: DictConfig, teardown_s: float = 120.0) -> None:
         self.ray_cfg = ray
@@ -90,7 +96,7 @@ class PoolRayLauncher(Launcher):
         self.hydra_context = None
         self.task_function = None
         self.config: DictConfig | None = None
-        self._starting: threading.Thread | None = None
+        self._ray_ready: threading.Event | None = None  # set once the start at setup is done
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
         self.config = config
@@ -98,16 +104,21 @@ class PoolRayLauncher(Launcher):
         self.task_function = task_function
         if not (config.get("dry_run") or config.get("preflight_only")):
             # Ray's start (seconds) and its workers' imports overlap the sweep's validation
-            self._starting = threading.Thread(
+            self._ray_ready = threading.Event()
+            starting = threading.Thread(
                 target=self._start_ray_warm, args=(warm_workers(config),), name="ray-start", daemon=True
             )
-            self._starting.start()
+            starting.start()
 
     def _start_ray_warm(self, workers: int) -> None:
         """ray.init, then `workers` tasks importing what a job imports (left running: the launch does
-        not wait for them). A failure is logged; `launch` starts Ray again and raises it there."""
+        not wait for them). A failure is logged; `launch` starts Ray again and raises it there. The thread
+        then lives as long as the process: a Ray started here dies with the thread that started it (Ray's
+        fate sharing is Linux's parent-death signal, which follows the parent thread, not the process)."""
+        assert self._ray_ready is not None
         try:
             ray, _, start_ray = _ray_modules()
+            logging.getLogger("ray._private.worker").addFilter(_no_sigterm_note)
             start_ray(init_options(self.ray_cfg.init))
             from orchestrator.run.ray_worker import warm_up
 
@@ -116,9 +127,10 @@ class PoolRayLauncher(Launcher):
             for _ in range(workers):
                 warm.remote(JOB_MODULES)
         except Exception as e:
-            log.warning(
-                "Ray could not start ahead of the launch (%s: %s); starting it now", type(e).__name__, e
-            )
+            log.warning("Ray did not start ahead of the launch (%s: %s); starting now", type(e).__name__, e)
+        finally:
+            self._ray_ready.set()
+        threading.Event().wait()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         ray, run_job_in_worker, start_ray = _ray_modules()
@@ -130,8 +142,8 @@ class PoolRayLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        if self._starting is not None:
-            self._starting.join()  # started at setup, while the sweep was validated
+        if self._ray_ready is not None:
+            self._ray_ready.wait()  # started at setup, while the sweep was validated
         start_ray(init_options(self.ray_cfg.init))  # (running already: a no-op)
         from orchestrator.run.interrupts import honour_interrupts
 
