@@ -26,13 +26,13 @@ class FakeRay:
     """What the launcher's start asks of Ray: ray.init (through Hydra's start_ray) and the warm-up tasks."""
 
     def __init__(self, expected_tasks: int) -> None:
-        self.started_in: list[str] = []
+        self.started_in: list[threading.Thread] = []
         self.tasks: list[tuple[Any, dict, tuple]] = []
         self.expected_tasks = expected_tasks
         self.done = threading.Event()
 
     def start_ray(self, init: Any) -> None:
-        self.started_in.append(threading.current_thread().name)
+        self.started_in.append(threading.current_thread())
 
     def remote(self, fn: Any) -> Any:
         fake = self
@@ -61,7 +61,11 @@ def launcher_set_up(monkeypatch: pytest.MonkeyPatch, config: dict) -> FakeRay:
 def test_ray_starts_and_warms_a_worker_per_pool_member_at_setup_before_any_launch(monkeypatch):
     ray = launcher_set_up(monkeypatch, POOL_OF_TWO)
     assert ray.done.wait(30)
-    assert ray.started_in == ["ray-start"]  # not the main thread: the sweeper validates meanwhile
+    # not in the main thread: the sweeper validates meanwhile
+    assert [thread.name for thread in ray.started_in] == ["ray-start"]
+    # and that thread lives on: the Ray it started dies with it (Linux's parent-death signal)
+    time.sleep(0.5)
+    assert ray.started_in[0].is_alive()
     # the jobs' own remote options: the workers warmed are the ones the jobs run in
     assert ray.tasks == [(warm_up, {"max_retries": 0}, (JOB_MODULES,))] * 2
 
