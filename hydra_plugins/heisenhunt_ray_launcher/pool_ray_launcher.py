@@ -15,9 +15,11 @@ same `ray.init` / `ray.remote` options). What differs is how jobs start and how 
   job's argument (orchestrator/run/ray_worker.py): no runtime env, so the jobs run in the workers Ray
   starts with itself;
 - Ray starts while the sweep is validated: `setup` (before the sweeper composes and checks the arms on
-  their hosts) starts `ray.init` in a thread and has as many workers as the pool has members import what a
-  job imports, so the first jobs start in warm workers as soon as the sweep is accepted. A sweep that
-  launches nothing (dry_run, preflight_only) starts no Ray.
+  their hosts) starts `ray.init` in a thread and has a worker per job slot (`job_slots`: one per pool
+  member, and one more ready to take the first member that comes free) import what a job imports, so the
+  first jobs start in warm workers as soon as the sweep is accepted. A Ray started here has that many CPUs
+  unless `hydra.launcher.ray.init.num_cpus` says otherwise. A sweep that launches nothing (dry_run,
+  preflight_only) starts no Ray.
 
 Ray is an optional extra: without it this plugin only says how to install it.
 """
@@ -63,24 +65,27 @@ def _ray_modules() -> tuple[Any, Any, Any]:
     return ray, _run_job, start_ray
 
 
-def init_options(init_cfg: DictConfig) -> DictConfig:
-    """ray.init's options: as configured; a Ray started here small, as Hydra's launcher makes it for CI
-    machines."""
+def job_slots(config: DictConfig) -> int:
+    """How many jobs are to run at once: one per member of the pool (one cluster without a pool), and one
+    more, ready (started, planned, waiting on the pool) to take the first member that comes free."""
+    pool = config.get("cluster_pool")
+    return (len(pool.clusters) if pool is not None else 1) + 1
+
+
+def init_options(init_cfg: DictConfig, slots: int) -> DictConfig:
+    """ray.init's options: as configured. A Ray started here is small, as Hydra's launcher makes it for
+    CI machines, and has `slots` CPUs (a job's CPU is a slot: its arm's load runs in its servers) unless
+    told otherwise."""
     init = OmegaConf.to_container(init_cfg, resolve=True)
     if not init.get("address"):
         init.setdefault("object_store_memory", 78643200)
+        init.setdefault("num_cpus", slots)
     return OmegaConf.create(init)
 
 
 def remote_options(ray_cfg: DictConfig) -> dict[str, Any]:
     """ray.remote's options for every task, as configured."""
     return OmegaConf.to_container(ray_cfg.remote, resolve=True)
-
-
-def warm_workers(config: DictConfig) -> int:
-    """How many workers to warm: one per arm that runs at once (a pool's members; one without a pool)."""
-    pool = config.get("cluster_pool")
-    return max(1, len(pool.clusters)) if pool is not None else 1
 
 
 def _no_sigterm_note(record: logging.LogRecord) -> bool:
@@ -106,12 +111,12 @@ class PoolRayLauncher(Launcher):
             # Ray's start (seconds) and its workers' imports overlap the sweep's validation
             self._ray_ready = threading.Event()
             starting = threading.Thread(
-                target=self._start_ray_warm, args=(warm_workers(config),), name="ray-start", daemon=True
+                target=self._start_ray_warm, args=(job_slots(config),), name="ray-start", daemon=True
             )
             starting.start()
 
-    def _start_ray_warm(self, workers: int) -> None:
-        """ray.init, then `workers` tasks importing what a job imports (left running: the launch does
+    def _start_ray_warm(self, slots: int) -> None:
+        """ray.init, then a task per job slot importing what a job imports (left running: the launch does
         not wait for them). A failure is logged; `launch` starts Ray again and raises it there. The thread
         then lives as long as the process: a Ray started here dies with the thread that started it (Ray's
         fate sharing is Linux's parent-death signal, which follows the parent thread, not the process)."""
@@ -119,12 +124,12 @@ class PoolRayLauncher(Launcher):
         try:
             ray, _, start_ray = _ray_modules()
             logging.getLogger("ray._private.worker").addFilter(_no_sigterm_note)
-            start_ray(init_options(self.ray_cfg.init))
+            start_ray(init_options(self.ray_cfg.init, slots))
             from orchestrator.run.ray_worker import warm_up
 
             # the jobs' own options: the workers warmed are the ones the jobs will run in
             warm = ray.remote(warm_up).options(**remote_options(self.ray_cfg))
-            for _ in range(workers):
+            for _ in range(slots):
                 warm.remote(JOB_MODULES)
         except Exception as e:
             log.warning("Ray did not start ahead of the launch (%s: %s); starting now", type(e).__name__, e)
@@ -144,7 +149,7 @@ class PoolRayLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         if self._ray_ready is not None:
             self._ray_ready.wait()  # started at setup, while the sweep was validated
-        start_ray(init_options(self.ray_cfg.init))  # (running already: a no-op)
+        start_ray(init_options(self.ray_cfg.init, job_slots(self.config)))  # (running already: a no-op)
         from orchestrator.run.interrupts import honour_interrupts
 
         honour_interrupts()  # ray.init made SIGTERM a sys.exit, which would skip cancelling the jobs

@@ -27,12 +27,14 @@ class FakeRay:
 
     def __init__(self, expected_tasks: int) -> None:
         self.started_in: list[threading.Thread] = []
+        self.init: dict = {}
         self.tasks: list[tuple[Any, dict, tuple]] = []
         self.expected_tasks = expected_tasks
         self.done = threading.Event()
 
     def start_ray(self, init: Any) -> None:
         self.started_in.append(threading.current_thread())
+        self.init = OmegaConf.to_container(init)
 
     def remote(self, fn: Any) -> Any:
         fake = self
@@ -51,14 +53,16 @@ class FakeRay:
 
 
 def launcher_set_up(monkeypatch: pytest.MonkeyPatch, config: dict) -> FakeRay:
-    ray = FakeRay(expected_tasks=len(POOL_OF_TWO["cluster_pool"]["clusters"]))
+    ray = FakeRay(expected_tasks=3)
     monkeypatch.setattr(launcher_module, "_ray_modules", lambda: (ray, None, ray.start_ray))
     launcher = PoolRayLauncher(ray=OmegaConf.create(RAY_CFG))
     launcher.setup(hydra_context=None, task_function=None, config=OmegaConf.create(config))
     return ray
 
 
-def test_ray_starts_and_warms_a_worker_per_pool_member_at_setup_before_any_launch(monkeypatch):
+def test_ray_starts_and_warms_a_worker_per_job_slot_at_setup_before_any_launch(monkeypatch):
+    """A pool of two: a job slot per member and one more (a job ready for the first member that comes
+    free), as the CPUs of the Ray started here and as its warmed workers."""
     ray = launcher_set_up(monkeypatch, POOL_OF_TWO)
     assert ray.done.wait(30)
     # not in the main thread: the sweeper validates meanwhile
@@ -66,8 +70,9 @@ def test_ray_starts_and_warms_a_worker_per_pool_member_at_setup_before_any_launc
     # and that thread lives on: the Ray it started dies with it (Linux's parent-death signal)
     time.sleep(0.5)
     assert ray.started_in[0].is_alive()
+    assert ray.init["num_cpus"] == 3
     # the jobs' own remote options: the workers warmed are the ones the jobs run in
-    assert ray.tasks == [(warm_up, {"max_retries": 0}, (JOB_MODULES,))] * 2
+    assert ray.tasks == [(warm_up, {"max_retries": 0}, (JOB_MODULES,))] * 3
 
 
 @pytest.mark.parametrize("launches_nothing", ["dry_run", "preflight_only"])
