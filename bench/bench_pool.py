@@ -47,10 +47,11 @@ HERE = str(Path(__file__).resolve().parents[1])
 KINDS = (
     ("sim servers", ("orchestrator.sim.server",)),
     ("routers", ("sglang::router", "orchestrator.sim.router")),
+    ("host checks", ("orchestrator.sim.check", "The host side of the preflight")),
+    ("Ray itself", ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "/ray/", "ray start", "gcs_server")),
     ("jobs in Ray's workers", ("ray::",)),
-    ("Ray itself", ("/ray/", "ray start", "raylet", "gcs_server")),
-    ("driver", ("-m orchestrator",)),
-)
+    ("driver", ("-m orchestrator ",)),
+)  # other: the rest (the system's own processes, kernel threads)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -88,6 +89,14 @@ def processes() -> dict[tuple[int, str], tuple[str, float]]:
     return found
 
 
+def merge(seen: dict, now: dict) -> None:
+    """Each process's latest CPU time into `seen`, under the kind it was first known by: an exiting
+    process (a zombie) shows no command line, and would end up as "other"."""
+    for key, (kind, cpu) in now.items():
+        known = seen.get(key, (kind,))[0]
+        seen[key] = (known if kind == "other" else kind, cpu)
+
+
 @contextmanager
 def cpu_by_kind(every_s: float = 1.0) -> Iterator[dict[str, float]]:
     """CPU seconds per kind of process while the block runs, and the machine's ("machine"), filled in
@@ -99,7 +108,7 @@ def cpu_by_kind(every_s: float = 1.0) -> Iterator[dict[str, float]]:
 
     def sample() -> None:
         while not stop.wait(every_s):
-            seen.update(processes())
+            merge(seen, processes())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -108,7 +117,7 @@ def cpu_by_kind(every_s: float = 1.0) -> Iterator[dict[str, float]]:
     finally:
         stop.set()
         sampler.join()
-        seen.update(processes())
+        merge(seen, processes())
         for key, (kind, cpu) in seen.items():
             out[kind] = out.get(kind, 0.0) + cpu - before.get(key, (kind, 0.0))[1]
         out["machine"] = machine_cpu_s() - machine

@@ -18,8 +18,8 @@ same `ray.init` / `ray.remote` options). What differs is how jobs start and how 
   their hosts) starts `ray.init` in a thread and has a worker per job slot (`job_slots`: one per pool
   member, and one more ready to take the first member that comes free) import what a job imports, so the
   first jobs start in warm workers as soon as the sweep is accepted. A Ray started here has that many CPUs
-  unless `hydra.launcher.ray.init.num_cpus` says otherwise. A sweep that launches nothing (dry_run,
-  preflight_only) starts no Ray.
+  and no dashboard unless `hydra.launcher.ray.init.num_cpus` / `.include_dashboard` say otherwise. A
+  sweep that launches nothing (dry_run, preflight_only) starts no Ray.
 
 Ray is an optional extra: without it this plugin only says how to install it.
 """
@@ -74,12 +74,14 @@ def job_slots(config: DictConfig) -> int:
 
 def init_options(init_cfg: DictConfig, slots: int) -> DictConfig:
     """ray.init's options: as configured. A Ray started here is small, as Hydra's launcher makes it for
-    CI machines, and has `slots` CPUs (a job's CPU is a slot: its arm's load runs in its servers) unless
-    told otherwise."""
+    CI machines, has `slots` CPUs (a job's CPU is a slot: its arm's load runs in its servers) and no
+    dashboard (its processes start with Ray: seconds of CPU beside the sweep's validation) unless told
+    otherwise."""
     init = OmegaConf.to_container(init_cfg, resolve=True)
     if not init.get("address"):
         init.setdefault("object_store_memory", 78643200)
         init.setdefault("num_cpus", slots)
+        init.setdefault("include_dashboard", False)
     return OmegaConf.create(init)
 
 

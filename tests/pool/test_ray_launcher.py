@@ -70,7 +70,7 @@ def test_ray_starts_and_warms_a_worker_per_job_slot_at_setup_before_any_launch(m
     # and that thread lives on: the Ray it started dies with it (Linux's parent-death signal)
     time.sleep(0.5)
     assert ray.started_in[0].is_alive()
-    assert ray.init["num_cpus"] == 3
+    assert (ray.init["num_cpus"], ray.init["include_dashboard"]) == (3, False)
     # the jobs' own remote options: the workers warmed are the ones the jobs run in
     assert ray.tasks == [(warm_up, {"max_retries": 0}, (JOB_MODULES,))] * 3
 
