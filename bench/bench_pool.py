@@ -124,6 +124,21 @@ def cpu_by_kind(every_s: float = 1.0) -> Iterator[dict[str, float]]:
         out["unsampled"] = out["machine"] - sum(v for k, v in out.items() if k != "machine")
 
 
+@contextmanager
+def python_path(code: str) -> Iterator[None]:
+    """PYTHONPATH=code for what starts in the block: the Ray head's workers import the jobs' code from it
+    (with the head's own environment, they would import whichever heisenhunt is installed)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = code
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
 def run(extra: list[str], sweep: list[str], tmp: Path, code: str) -> tuple[float, dict, list[str], dict]:
     argv = [
         sys.executable, "-m", "orchestrator", *sweep, *extra,
@@ -184,7 +199,7 @@ def main() -> int:
     for label, code in codes.items():
         measure(f"{label}serial, one cluster (basic launcher)", [], code)
         measure(f"{label}parallel, pool of two, Ray started by the launcher", POOL, code)
-        with local_ray_head(free_port) as address:
+        with python_path(code), local_ray_head(free_port) as address:
             measure(
                 f"{label}parallel, pool of two, Ray head already running",
                 [*POOL, f"hydra.launcher.ray.init.address={address}"],
