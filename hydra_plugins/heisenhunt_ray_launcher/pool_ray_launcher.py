@@ -112,10 +112,9 @@ class PoolRayLauncher(Launcher):
         if not (config.get("dry_run") or config.get("preflight_only")):
             # Ray's start (seconds) and its workers' imports overlap the sweep's validation
             self._ray_ready = threading.Event()
-            starting = threading.Thread(
+            threading.Thread(
                 target=self._start_ray_warm, args=(job_slots(config),), name="ray-start", daemon=True
-            )
-            starting.start()
+            ).start()
 
     def _start_ray_warm(self, slots: int) -> None:
         """ray.init, then a task per job slot importing what a job imports (left running: the launch does
@@ -159,7 +158,9 @@ class PoolRayLauncher(Launcher):
         env = job_env(os.environ, (remote.get("runtime_env") or {}).get("env_vars"))
         task = ray.remote(call_with_env).options(**remote)
         # what every job shares, serialized once rather than once per job
-        shared = [ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())]
+        context, task_function, singletons = (
+            ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())
+        )
         log.info("Ray launcher: %d jobs", len(job_overrides))
         jobs: dict[Any, tuple] = {}
         for i, overrides in enumerate(job_overrides):
@@ -169,7 +170,6 @@ class PoolRayLauncher(Launcher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = f"job_id_for_{idx}"
                 sweep_config.hydra.job.num = idx
-            context, task_function, singletons = shared
             ref = task.remote(env, run_job_in_worker, context, sweep_config, task_function, singletons)
             jobs[ref] = (list(overrides), sweep_config)
         results: dict[Any, JobReturn] = {}
