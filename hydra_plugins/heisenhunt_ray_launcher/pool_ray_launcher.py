@@ -17,9 +17,10 @@ same `ray.init` / `ray.remote` options). What differs is how jobs start and how 
 - Ray starts while the sweep is validated: `setup` (before the sweeper composes and checks the arms on
   their hosts) starts `ray.init` in a thread and has a worker per job slot (`job_slots`: one per pool
   member, and one more ready to take the first member that comes free) import what a job imports, so the
-  first jobs start in warm workers as soon as the sweep is accepted. A Ray started here has that many CPUs
-  and no dashboard unless `hydra.launcher.ray.init.num_cpus` / `.include_dashboard` say otherwise. A
-  sweep that launches nothing (dry_run, preflight_only) starts no Ray.
+  first jobs start in warm workers as soon as the sweep is accepted (the pool's lessor actor is made then
+  too). A Ray started here has that many CPUs and no dashboard unless `hydra.launcher.ray.init.num_cpus`
+  / `.include_dashboard` say otherwise. A sweep that launches nothing (dry_run, preflight_only) starts no
+  Ray.
 
 Ray is an optional extra: without it this plugin only says how to install it.
 """
@@ -90,6 +91,16 @@ def remote_options(ray_cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(ray_cfg.remote, resolve=True)
 
 
+def _start_lessor(config: DictConfig) -> None:
+    """The pool's lessor actor (pool.py), made now rather than by the first job: an actor's worker starts
+    cold, and the first lease waited for it."""
+    if config.get("cluster_pool") is None:
+        return
+    from orchestrator.run import pool
+
+    pool.pool_actor(OmegaConf.to_object(config.cluster_pool))
+
+
 def _no_sigterm_note(record: logging.LogRecord) -> bool:
     """Ray's note that a ray.init outside the main thread set no SIGTERM handler, left out: the launch
     sets the study's own (honour_interrupts)."""
@@ -132,6 +143,7 @@ class PoolRayLauncher(Launcher):
             warm = ray.remote(warm_up).options(**remote_options(self.ray_cfg))
             for _ in range(slots):
                 warm.remote(JOB_MODULES)
+            _start_lessor(self.config)
         except Exception as e:
             log.warning("Ray did not start ahead of the launch (%s: %s); starting now", type(e).__name__, e)
         finally:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from hydra_plugins.heisenhunt_ray_launcher import pool_ray_launcher as launcher_module
 from hydra_plugins.heisenhunt_ray_launcher.pool_ray_launcher import JOB_MODULES, PoolRayLauncher
+from orchestrator.run import pool
 from orchestrator.run.pool import awaited
 from orchestrator.run.ray_worker import call_with_env, job_env, warm_up
 from orchestrator.tracking.layout import PARENT_ENV
@@ -31,10 +32,16 @@ class FakeRay:
         self.tasks: list[tuple[Any, dict, tuple]] = []
         self.expected_tasks = expected_tasks
         self.done = threading.Event()
+        self.lessors: list[Any] = []
+        self.lessor_made = threading.Event()
 
     def start_ray(self, init: Any) -> None:
         self.started_in.append(threading.current_thread())
         self.init = OmegaConf.to_container(init)
+
+    def lessor(self, pool_conf: Any) -> None:
+        self.lessors.append(pool_conf)
+        self.lessor_made.set()
 
     def remote(self, fn: Any) -> Any:
         fake = self
@@ -55,6 +62,7 @@ class FakeRay:
 def launcher_set_up(monkeypatch: pytest.MonkeyPatch, config: dict) -> FakeRay:
     ray = FakeRay(expected_tasks=3)
     monkeypatch.setattr(launcher_module, "_ray_modules", lambda: (ray, None, ray.start_ray))
+    monkeypatch.setattr(pool, "pool_actor", ray.lessor)
     launcher = PoolRayLauncher(ray=OmegaConf.create(RAY_CFG))
     launcher.setup(hydra_context=None, task_function=None, config=OmegaConf.create(config))
     return ray
@@ -73,12 +81,14 @@ def test_ray_starts_and_warms_a_worker_per_job_slot_at_setup_before_any_launch(m
     assert (ray.init["num_cpus"], ray.init["include_dashboard"]) == (3, False)
     # the jobs' own remote options: the workers warmed are the ones the jobs run in
     assert ray.tasks == [(warm_up, {"max_retries": 0}, (JOB_MODULES,))] * 3
+    # and the pool's lessor made (its actor's worker starts cold: the first lease would wait for it)
+    assert ray.lessor_made.wait(30) and [sorted(p["clusters"]) for p in ray.lessors] == [["pd0", "pd1"]]
 
 
 @pytest.mark.parametrize("launches_nothing", ["dry_run", "preflight_only"])
 def test_a_sweep_that_launches_nothing_starts_no_ray(monkeypatch, launches_nothing):
     ray = launcher_set_up(monkeypatch, {**POOL_OF_TWO, launches_nothing: True})
-    assert not ray.done.wait(1) and ray.started_in == []
+    assert not ray.done.wait(1) and ray.started_in == [] and ray.lessors == []
 
 
 def test_the_warm_up_imports_what_a_job_imports():
