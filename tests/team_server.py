@@ -97,6 +97,10 @@ class MlflowServer:
             "127.0.0.1",
             "--port",
             str(self.port),
+            # one uvicorn worker (4 by default, each importing MLflow's server: seconds of CPU on a
+            # 2-core CI machine at every start); it serves requests concurrently all the same
+            "--workers",
+            "1",
         ]
         began = time.monotonic()
         with self.log.open("a") as log:

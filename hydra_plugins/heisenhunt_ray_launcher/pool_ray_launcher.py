@@ -1,7 +1,7 @@
 """Hydra's Ray launcher (hydra-ray-launcher) with what a study needs of it.
 
-Each job is a Ray task, started as Hydra's `ray` launcher starts it (its `start_ray` and
-`launch_job_on_ray`, the same `ray.init` / `ray.remote` options). What differs is how results come back:
+Each job is a Ray task that runs it as Hydra's `ray` launcher does (its `start_ray` and `_run_job`, the
+same `ray.init` / `ray.remote` options). What differs is how jobs start and how results come back:
 
 - in the order jobs finish (`ray.wait`), so a lost worker is noticed while the others run;
 - a task whose worker or node died is one FAILED arm, not a failed sweep: its MLflow run ends FAILED with
@@ -11,7 +11,16 @@ Each job is a Ray task, started as Hydra's `ray` launcher starts it (its `start_
   and tears its servers down, as under the basic launcher), waits `teardown_s` for them, kills those that
   did not finish and stops what they left running, then raises. Hydra's own launcher leaves that to
   Ray, which kills the workers and leaves their servers running.
-- the orchestrator's own `HEISENHUNT_*` environment (the sweep's parent run) reaches the workers.
+- the orchestrator's own `HEISENHUNT_*` environment (the sweep's parent run) reaches the workers, as each
+  job's argument (orchestrator/run/ray_worker.py): no runtime env, so the jobs run in the workers Ray
+  starts with itself;
+- Ray starts while the sweep is validated: `setup` (before the sweeper composes and checks the arms on
+  their hosts) starts `ray.init` in a thread and has a worker per job slot (`job_slots`: one per pool
+  member, and one more ready to take the first member that comes free) import what a job imports, so the
+  first jobs start in warm workers as soon as the sweep is accepted (the pool's lessor actor is made then
+  too). A Ray started here has that many CPUs and no dashboard unless `hydra.launcher.ray.init.num_cpus`
+  / `.include_dashboard` say otherwise. A sweep that launches nothing (dry_run, preflight_only) starts no
+  Ray.
 
 Ray is an optional extra: without it this plugin only says how to install it.
 """
@@ -20,6 +29,7 @@ Ray is an optional extra: without it this plugin only says how to install it.
 import logging
 import os
 import signal
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,41 +40,136 @@ from orchestrator.run.launching import StudyLauncher, import_extra
 
 log = logging.getLogger(__name__)
 
-ENV_PREFIX = "HEISENHUNT_"
+# what a job imports that a fresh interpreter has not (seconds of a cold worker): warmed before the launch
+JOB_MODULES = (
+    "hydra_plugins.hydra_ray_launcher._launcher_util",
+    "orchestrator.arm",
+    "orchestrator.config.load",
+    "orchestrator.run.pool",
+    "orchestrator.tracking.read",
+    "orchestrator.tracking.write",
+    "orchestrator.workload.stress",
+)
+
+
+def _ray_modules() -> tuple[Any, Any, Any]:
+    """(ray, Hydra's job runner for a Ray worker, its start_ray), or an ImportError that says how to
+    install them."""
+    ray, util = import_extra(
+        ["ray", "hydra_plugins.hydra_ray_launcher._launcher_util"],
+        "heisenhunt_ray",
+        "ray",
+        "Ray and Hydra's Ray launcher",
+    )
+    return ray, util._run_job, util.start_ray
+
+
+def job_slots(config: DictConfig) -> int:
+    """How many jobs are to run at once: one per member of the pool (one cluster without a pool), and one
+    more, ready (started, planned, waiting on the pool) to take the first member that comes free."""
+    pool = config.get("cluster_pool")
+    return (len(pool.clusters) if pool is not None else 1) + 1
+
+
+def init_options(init_cfg: DictConfig, slots: int) -> DictConfig:
+    """ray.init's options: as configured. A Ray started here is small, as Hydra's launcher makes it for
+    CI machines, has `slots` CPUs (a job's CPU is a slot: its arm's load runs in its servers) and no
+    dashboard (its processes start with Ray: seconds of CPU beside the sweep's validation) unless told
+    otherwise."""
+    init = OmegaConf.to_container(init_cfg, resolve=True)
+    if not init.get("address"):
+        init.setdefault("object_store_memory", 78643200)
+        init.setdefault("num_cpus", slots)
+        init.setdefault("include_dashboard", False)
+    return OmegaConf.create(init)
+
+
+def remote_options(ray_cfg: DictConfig) -> dict[str, Any]:
+    """ray.remote's options for every task, as configured."""
+    return OmegaConf.to_container(ray_cfg.remote, resolve=True)
+
+
+def _start_lessor(config: DictConfig) -> None:
+    """The pool's lessor actor (pool.py), made now rather than by the first job: an actor's worker starts
+    cold, and the first lease waited for it."""
+    if config.get("cluster_pool") is None:
+        return
+    from orchestrator.run import pool
+
+    pool.pool_actor(OmegaConf.to_object(config.cluster_pool))
+
+
+def _no_sigterm_note(record: logging.LogRecord) -> bool:
+    """Ray's note that a ray.init outside the main thread set no SIGTERM handler, left out: the launch
+    sets the study's own (honour_interrupts)."""
+    return "SIGTERM handler is not set" not in record.getMessage()
 
 
 class PoolRayLauncher(StudyLauncher):
     def __init__(self, ray: DictConfig, teardown_s: float = 120.0) -> None:
         self.ray_cfg = ray
         self.teardown_s = float(teardown_s)
+        self._ray_ready: threading.Event | None = None  # set once the start at setup is done
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        if not (config.get("dry_run") or config.get("preflight_only")):
+            # Ray's start (seconds) and its workers' imports overlap the sweep's validation
+            self._ray_ready = threading.Event()
+            threading.Thread(
+                target=self._start_ray_warm, args=(job_slots(config),), name="ray-start", daemon=True
+            ).start()
+
+    def _start_ray_warm(self, slots: int) -> None:
+        """ray.init, then a task per job slot importing what a job imports (left running: the launch does
+        not wait for them). A failure is logged; `launch` starts Ray again and raises it there. The thread
+        then lives as long as the process: a Ray started here dies with the thread that started it (Ray's
+        fate sharing is Linux's parent-death signal, which follows the parent thread, not the process)."""
+        assert self._ray_ready is not None
+        try:
+            ray, _, start_ray = _ray_modules()
+            logging.getLogger("ray._private.worker").addFilter(_no_sigterm_note)
+            start_ray(init_options(self.ray_cfg.init, slots))
+            from orchestrator.run.ray_worker import warm_up
+
+            # the jobs' own options: the workers warmed are the ones the jobs will run in
+            warm = ray.remote(warm_up).options(**remote_options(self.ray_cfg))
+            for _ in range(slots):
+                warm.remote(JOB_MODULES)
+            _start_lessor(self.config)
+        except Exception as e:
+            log.warning("Ray did not start ahead of the launch (%s: %s); starting now", type(e).__name__, e)
+        finally:
+            self._ray_ready.set()
+        threading.Event().wait()
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        ray, launcher_util = import_extra(
-            ["ray", "hydra_plugins.hydra_ray_launcher._launcher_util"],
-            "heisenhunt_ray",
-            "ray",
-            "Ray and Hydra's Ray launcher",
-        )
+        ray, run_job_in_worker, start_ray = _ray_modules()
         from hydra.core.singleton import Singleton
 
+        from orchestrator.run.ray_worker import call_with_env, job_env
+
         self.begin_launch()
-        init = OmegaConf.to_container(self.ray_cfg.init, resolve=True)
-        if not init.get("address"):  # a Ray started here: as Hydra's launcher, small for CI machines
-            init.setdefault("object_store_memory", 78643200)
-        launcher_util.start_ray(OmegaConf.create(init))
+        if self._ray_ready is not None:
+            self._ray_ready.wait()  # started at setup, while the sweep was validated
+        start_ray(init_options(self.ray_cfg.init, job_slots(self.config)))  # (running already: a no-op)
         from orchestrator.run.interrupts import honour_interrupts
 
         honour_interrupts()  # ray.init made SIGTERM a sys.exit, which would skip cancelling the jobs
-        remote = self._remote_options()
+        remote = remote_options(self.ray_cfg)
+        env = job_env(os.environ, (remote.get("runtime_env") or {}).get("env_vars"))
+        task = ray.remote(call_with_env).options(**remote)
+        # what every job shares, serialized once rather than once per job
+        context, task_function, singletons = (
+            ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())
+        )
         log.info("Ray launcher: %d jobs", len(job_overrides))
         jobs: dict[Any, tuple] = {}
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
             sweep_config = self.sweep_config(overrides, idx, job_id=f"job_id_for_{idx}")
-            ref = launcher_util.launch_job_on_ray(
-                self.hydra_context, remote, sweep_config, self.task_function, Singleton.get_state()
-            )
+            ref = task.remote(env, run_job_in_worker, context, sweep_config, task_function, singletons)
             jobs[ref] = (list(overrides), sweep_config)
         results: dict[Any, JobReturn] = {}
         pending = list(jobs)
@@ -77,15 +182,6 @@ class PoolRayLauncher(StudyLauncher):
             self._stop_all(pending, jobs)
             raise
         return [results[ref] for ref in jobs]
-
-    def _remote_options(self) -> DictConfig:
-        remote = OmegaConf.to_container(self.ray_cfg.remote, resolve=True)
-        env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
-        if env:
-            runtime_env = dict(remote.get("runtime_env") or {})
-            runtime_env["env_vars"] = {**env, **(runtime_env.get("env_vars") or {})}
-            remote["runtime_env"] = runtime_env
-        return OmegaConf.create(remote)
 
     def _result(self, ref: Any, overrides: list[str], sweep_config: DictConfig) -> JobReturn:
         import ray

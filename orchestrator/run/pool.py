@@ -287,6 +287,22 @@ def pool_actor(pool: ClusterPoolConf, create: bool = True) -> Any:
     )
 
 
+def awaited(ref: Any, timeout_s: float | None = None, poll_s: float = 0.5) -> Any:
+    """`ray.get(ref)` for a job waiting on the pool's actor, without telling Ray that the job is blocked: Ray
+    lends a blocked task's CPU to the next job queued, starting a worker for it (a cold interpreter, seconds
+    of CPU beside the arms running), and that job then waits on the pool too. Polled, so that a cancelled
+    job's KeyboardInterrupt (Ctrl-C) still arrives within `poll_s`."""
+    future = ref.future()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        left = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+        try:
+            return future.result(timeout=max(0.0, left))
+        except TimeoutError:  # (concurrent.futures' is the builtin)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer from the pool's lessor in {timeout_s:.0f}s") from None
+
+
 def in_ray_task() -> bool:
     """Whether this process is a Ray worker running a task (then Ray decides who runs where)."""
     import sys
@@ -357,7 +373,7 @@ class RayLessor:
         context = ray.get_runtime_context()
         holder = dataclasses.replace(holder, task_id=context.get_task_id())
         while True:
-            grant = ray.get(self.actor.acquire.remote(holder))
+            grant = awaited(self.actor.acquire.remote(holder))
             if self.hosts.try_take(grant.member, grant.host_holder):
                 return grant
             wait_s = 5 * self.hosts.pool.clusters[grant.member].lease.poll_s
@@ -367,18 +383,14 @@ class RayLessor:
                 grant.member,
                 wait_s,
             )
-            ray.get(self.actor.set_aside.remote(grant, wait_s))
+            awaited(self.actor.set_aside.remote(grant, wait_s))
 
     def renew(self, grant: Grant, run_id: str | None = None) -> bool:
-        import ray
-
-        return bool(ray.get(self.actor.renew.remote(grant.member, grant.lease.token, run_id), timeout=30))
+        return bool(awaited(self.actor.renew.remote(grant.member, grant.lease.token, run_id), timeout_s=30))
 
     def release(self, grant: Grant) -> None:
-        import ray
-
         try:
-            ray.get(self.actor.release.remote(grant.member, grant.lease.token), timeout=30)
+            awaited(self.actor.release.remote(grant.member, grant.lease.token), timeout_s=30)
         finally:
             self.hosts.give_back(grant.member, grant.host_holder)
 

@@ -28,7 +28,8 @@ import inspect
 import json
 import logging
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,7 +38,7 @@ from packaging.specifiers import SpecifierSet
 from orchestrator.config.plan import ArmPlan, RolePlan, config_key
 from orchestrator.config.redact import redact_text
 from orchestrator.config.schema import SERVER_ROLES
-from orchestrator.remote.base import Transport, TransportError
+from orchestrator.remote.base import CommandResult, Transport, TransportError
 from orchestrator.run import engine_probe
 
 log = logging.getLogger(__name__)
@@ -454,23 +455,34 @@ def host_provenance(
 
 
 # --- the arm, checked on its hosts before any restart -----------------------------------------------------
-# --- the arm, checked on its hosts before any restart -----------------------------------------------------
 
 # role -> {flag: (dest, value)}: what the factor-set flags must read on the running server
 Expected = dict[str, dict[str, tuple[str, Any]]]
 
 
-def _module_problems(plan: ArmPlan, role: str, t: Transport) -> list[str]:
-    """The deployment's own preflight module, run on the host with the role's env."""
-    role_plan = plan.roles[role]
-    module = role_plan.preflight_module
-    if not module:
-        return []
-    check = t.run([role_plan.host.python, "-m", module], env=role_plan.env, timeout=120.0, check=False)
+def _module_key(plan: ArmPlan, role: str, t: Transport) -> tuple | None:
+    """What the deployment's preflight module's answer depends on: the host, its python, the module and
+    the role's whole env (a site check may read any of it). None: the role has no module."""
+    rp = plan.roles[role]
+    if not rp.preflight_module:
+        return None
+    return (id(t), rp.host.python, rp.preflight_module, tuple(sorted(rp.env.items())))
+
+
+def _run_module(plan: ArmPlan, role: str, t: Transport) -> CommandResult:
+    """`python -m <preflight module>` on the host, with the role's env."""
+    rp = plan.roles[role]
+    assert rp.preflight_module
+    return t.run([rp.host.python, "-m", rp.preflight_module], env=rp.env, timeout=120.0, check=False)
+
+
+def module_refusals(plan: ArmPlan, role: str, host: str, check: CommandResult) -> list[str]:
+    """The module's answer about one role of one arm: its refusal, redacted, or nothing. Pure."""
     if check.returncode == 0:
         return []
-    output = redact_text((check.stderr or check.stdout).strip(), role_plan.secrets)
-    refused = f"{role}: `python -m {module}` on {t.host} refused the arm (exit {check.returncode})"
+    rp = plan.roles[role]
+    output = redact_text((check.stderr or check.stdout).strip(), rp.secrets)
+    refused = f"{role}: `python -m {rp.preflight_module}` on {host} refused the arm (exit {check.returncode})"
     return [f"{refused}: {output[-3000:]}"]
 
 
@@ -484,13 +496,19 @@ def check_arms(
     judged = judge_on_hosts(items, transports)
     problems: list[tuple[int, str]] = []
     expected: list[Expected] = [{} for _ in plans]
+    # the module runs once per host, python and env: arms whose role env is the same share its answer
+    modules: dict[tuple, CommandResult] = {}
     for n, ((plan, role), judgement) in enumerate(zip(items, judged, strict=True)):
         index = n // len(SERVER_ROLES)
         for note in judgement.notes:
             log.info("%s", redact_text(note, plan.secrets))
         found = [redact_text(p, plan.secrets) for p in judgement.problems]
-        if not found:
-            found = _module_problems(plan, role, transports[role])
+        t = transports[role]
+        key = _module_key(plan, role, t)
+        if not found and key is not None:
+            if key not in modules:
+                modules[key] = _run_module(plan, role, t)
+            found = module_refusals(plan, role, t.host, modules[key])
         problems += [(index, p) for p in found]
         expected[index][role] = judgement.expected
     return problems, expected
@@ -505,36 +523,69 @@ def check_arm_on_hosts(plan: ArmPlan, transports: Mapping[str, Transport]) -> Ex
     return expected[0]
 
 
-def check_sweep_on_hosts(planned: Sequence[tuple[str, ArmPlan]]) -> list[tuple[str, str]]:
-    """Every distinct arm of a sweep checked by its server hosts before the first job starts: one probe
-    per host and interpreter for all of them. `planned`: (job description, plan) pairs; returns
-    (problem, job description)."""
-    from orchestrator.remote import close_all, make_transports
-
-    problems: list[tuple[str, str]] = []
-    by_hosts: dict[str, list[tuple[str, ArmPlan]]] = {}
+def member_groups(planned: Sequence[tuple[str, ArmPlan]]) -> list[list[tuple[str, ArmPlan]]]:
+    """The sweep's (job, plan) pairs grouped by the server hosts they run on (a pool's member each), in
+    the order first seen. Pure."""
+    groups: dict[str, list[tuple[str, ArmPlan]]] = {}
     for job, plan in planned:
         key = repr([plan.roles[role].host for role in SERVER_ROLES])
-        by_hosts.setdefault(key, []).append((job, plan))
-    for jobs in by_hosts.values():
-        first = jobs[0][1]
-        try:
-            transports = make_transports({role: first.roles[role].host for role in SERVER_ROLES})
-        except TransportError as e:
-            problems.append((f"cluster of {first.roles['decode'].host.address}: {e}", ""))
-            continue
-        try:
-            distinct: dict[str, tuple[str, ArmPlan]] = {}
-            for job, plan in jobs:
-                distinct.setdefault(plan.signature, (job, plan))
-            arms = list(distinct.values())
-            found, _ = check_arms([plan for _, plan in arms], transports)
-            problems += [(message, arms[index][0]) for index, message in found]
-        except (PreflightError, TransportError) as e:
-            problems.append((str(e), jobs[0][0]))
-        finally:
-            close_all(transports)
-    return problems
+        groups.setdefault(key, []).append((job, plan))
+    return list(groups.values())
+
+
+def distinct_arms(jobs: Sequence[tuple[str, ArmPlan]]) -> list[tuple[str, ArmPlan]]:
+    """One (job, plan) per arm signature, the first job naming it. Pure."""
+    distinct: dict[str, tuple[str, ArmPlan]] = {}
+    for job, plan in jobs:
+        distinct.setdefault(plan.signature, (job, plan))
+    return list(distinct.values())
+
+
+Connect = Callable[[Mapping[str, Any]], Mapping[str, Transport]]
+
+
+def check_member(
+    jobs: Sequence[tuple[str, ArmPlan]], connect: Connect, close: Callable[[Mapping[str, Transport]], None]
+) -> list[tuple[str, str]]:
+    """The distinct arms of `jobs` (all on one set of hosts) checked by those hosts: (problem, job)."""
+    first = jobs[0][1]
+    try:
+        transports = connect({role: first.roles[role].host for role in SERVER_ROLES})
+    except TransportError as e:
+        return [(f"cluster of {first.roles['decode'].host.address}: {e}", "")]
+    try:
+        arms = distinct_arms(jobs)
+        found, _ = check_arms([plan for _, plan in arms], transports)
+        return [(message, arms[index][0]) for index, message in found]
+    except (PreflightError, TransportError) as e:
+        return [(str(e), jobs[0][0])]
+    finally:
+        close(transports)
+
+
+def check_sweep_on_hosts(
+    planned: Sequence[tuple[str, ArmPlan]], connect: Connect | None = None
+) -> list[tuple[str, str]]:
+    """Every distinct arm of a sweep checked by its server hosts before the first job starts: one probe
+    per host and interpreter for all of them, and each set of hosts (a pool's members) checked at once
+    with the others, in threads (the checks wait on their hosts' processes, over SSH or locally).
+    `planned`: (job description, plan) pairs; returns (problem, job description), in the members' order.
+    `connect`: role -> host config to role -> transport (`make_transports`)."""
+    from orchestrator.remote import close_all, make_transports
+
+    groups = member_groups(planned)
+    if not groups:
+        return []
+    connect = connect or make_transports
+    executor = ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="host-checks")
+    try:
+        found = list(executor.map(lambda jobs: check_member(jobs, connect, close_all), groups))
+    except BaseException:
+        # an interrupt does not wait for the other hosts' answers
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    executor.shutdown()
+    return [problem for problems in found for problem in problems]
 
 
 # --- after start-up: the running server's own view of its arguments ------------------------------------

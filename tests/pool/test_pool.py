@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,7 @@ from orchestrator.config.schema import LeaseConf
 from orchestrator.remote.local import LocalTransport
 from orchestrator.run import pool
 from orchestrator.run.lease import Holder, HostLease, hosts_held
+from orchestrator.run.preflight import check_sweep_on_hosts
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import pool_overrides, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
@@ -142,6 +146,51 @@ def test_a_member_with_a_bad_transport_is_refused_under_its_own_key(compose_cfg)
     cfg = compose_cfg("cluster_pool=local2", "cluster_pool.clusters.pd1.hosts.decode.transport=telnet")
     with pytest.raises(ConfigError, match=r"cluster_pool\.clusters\.pd1\.hosts\.decode\.transport: 'telnet'"):
         load_job(cfg)
+
+
+# --- the sweep's host checks --------------------------------------------------------------------------
+
+
+class AskedTransport(LocalTransport):
+    """The local host, each command it is asked recorded under its member; a member's first command waits
+    for the other member's first (so checks run one member after the other never get past it)."""
+
+    def __init__(self, member: str, asked: dict[str, list[str]], both_asking: threading.Barrier):
+        super().__init__()
+        self.member, self.asked, self.both_asking = member, asked, both_asking
+
+    def run_shell(self, command: str, timeout: float | None = 60.0):
+        first = not self.asked.setdefault(self.member, [])
+        self.asked[self.member].append(command)
+        if first:
+            self.both_asking.wait()
+        return super().run_shell(command, timeout)
+
+
+def test_a_pools_host_checks_ask_each_member_once_per_host_and_env_and_run_the_members_at_once(compose_cfg):
+    """Three arms that differ only in flags, on a pool of two: each member's host is asked one engine probe
+    for all three arms, and the deployment's preflight module once per role env (prefill's, decode's), not
+    once per arm; and both members are asked at once (each member's first command waits for the other's)."""
+    arms = ["factor/capture=graph", "factor/capture=eager", "factor/hicache=off"]
+    planned = []
+    for arm in arms:
+        job = load_job(compose_cfg("cluster_pool=local2", "+experiment=dsv4_corruption", arm, isolated=False))
+        planned += [(arm, plan_arm(on_member)) for on_member in jobs_on_pool(job)]
+    members = {30001: "pd0", 30011: "pd1"}  # the shipped pool's decode ports
+    asked: dict[str, list[str]] = {}
+    both_asking = threading.Barrier(2, timeout=30)
+
+    def connect(hosts: Mapping[str, Any]) -> dict[str, AskedTransport]:
+        transport = AskedTransport(members[hosts["decode"].port], asked, both_asking)
+        return {role: transport for role in hosts}  # (one host: make_transports shares its transport)
+
+    assert check_sweep_on_hosts(planned, connect) == []
+    assert sorted(asked) == ["pd0", "pd1"]
+    for commands in asked.values():
+        probes = [c for c in commands if "engine_probe" in c or "def build_parser" in c]
+        modules = [c for c in commands if "-m orchestrator.sim.check" in c]
+        assert len(probes) == 1, commands
+        assert len(modules) == 2, modules  # 3 arms x 2 roles before
 
 
 # --- the basic launcher: host leases pick the member --------------------------------------------------

@@ -237,3 +237,42 @@ def test_under_ray_a_member_held_by_a_study_started_by_hand_is_passed_over(tmp_p
     assert "held outside the pool" in out
     assert_no_overlap(runs)
     assert not no_servers_left(tmp_path)
+
+
+WAITERS = """
+import asyncio, json, sys, time
+import ray
+from orchestrator.run.pool import awaited
+
+ray.init(address=sys.argv[1])
+
+@ray.remote(num_cpus=0)
+class Lessor:
+    async def grant(self, after_s):
+        await asyncio.sleep(after_s)
+        return after_s
+
+@ray.remote(max_retries=0)
+def job(lessor):
+    started = time.time()
+    awaited(lessor.grant.remote(3.0))
+    return started, time.time()
+
+lessor = Lessor.remote()
+print(json.dumps(ray.get([job.remote(lessor) for _ in range(3)])))
+"""
+
+
+def test_a_job_waiting_on_the_pools_actor_keeps_its_cpu(ray_head):
+    """Three jobs on the head's two CPUs, each waiting on an actor: the third starts only when one of the
+    first two ends. With `ray.get`, Ray lends a waiting task's CPU to the next job queued and starts a cold
+    worker for it (10-12 workers for the 20 jobs of a pool of two, each importing MLflow and the arm beside
+    the arms running)."""
+    env = {**os.environ, **RAY_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", WAITERS, ray_head], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    spans = sorted(json.loads(done.stdout.strip().splitlines()[-1]))
+    third_started = spans[2][0]
+    assert third_started >= min(end for _, end in spans[:2]) - 0.05, spans
