@@ -109,6 +109,17 @@ def sessions_on_disk(root: Path) -> dict[str, int]:
     }
 
 
+def mid_stress(proc: subprocess.Popen, root: Path, timeout: float = 240) -> Path:
+    """Once the sweep's first arm is in its stress run (two sessions written): its sessions.jsonl."""
+    sessions = root / "multirun" / "0" / "stress" / "sessions.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (sessions.is_file() and sessions.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "the first arm never reached its stress run"
+        time.sleep(0.2)
+    return sessions
+
+
 def test_two_studies_one_on_a_ray_pool_write_to_one_server_at_once(server, tmp_path):
     from tests.pool.ray_head import RAY_ENV, local_ray_head
 
@@ -161,12 +172,7 @@ def test_a_server_that_crashes_mid_stress_and_comes_back_loses_nothing(server, t
     extra += ["workload.sessions=24", "workload.concurrency=2", "repetition=0"]
     proc = sweep(root, server.uri, "team-crash", *extra)
     try:
-        sessions = root / "multirun" / "0" / "stress" / "sessions.jsonl"
-        deadline = time.monotonic() + 240
-        while not (sessions.is_file() and sessions.read_text().count("\n") >= 2):
-            assert proc.poll() is None, proc.communicate()[0][-4000:]
-            assert time.monotonic() < deadline, "the first arm never reached its stress run"
-            time.sleep(0.2)
+        mid_stress(proc, root)
         server.stop(signal.SIGKILL)
         time.sleep(5)
         server.start()
@@ -201,12 +207,7 @@ def test_results_measured_while_the_server_is_down_past_its_retries_are_sent_on_
     no_retries = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     proc = sweep(root, server.uri, "team-outbox", *extra, env=no_retries)
     try:
-        sessions = root / "multirun" / "0" / "stress" / "sessions.jsonl"
-        deadline = time.monotonic() + 240
-        while not (sessions.is_file() and sessions.read_text().count("\n") >= 2):
-            assert proc.poll() is None, proc.communicate()[0][-4000:]
-            assert time.monotonic() < deadline, "the arm never reached its stress run"
-            time.sleep(0.2)
+        sessions = mid_stress(proc, root)
         server.stop(signal.SIGKILL)
         out = finish(proc, 420)  # the sweep ends with the server still down: no report
     finally:
