@@ -52,7 +52,7 @@ def stressing_job(slurm, tmp_path: Path, timeout: float = 240) -> str:
 
 def test_a_study_runs_each_arm_as_a_slurm_job(slurm, tmp_path):
     # two arms, each with a start of its own (a job each); more repetitions would only queue more jobs
-    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0,1")
+    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL, "factor/multi_stream=on,off", "repetition=0,1")
     try:
         out = finish(proc, 900)
     finally:
