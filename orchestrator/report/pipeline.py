@@ -120,6 +120,7 @@ class StudyCallback(Callback):
         self.study_name: str | None = None
         self._uri: str | None = None
         self._saved_env: str | None = None
+        self._tracking: Any = None  # the sweep's TrackingConf
         self._ended = False
         self.failed = False  # the report or the end of the study run failed (study_failed)
 
@@ -176,7 +177,7 @@ class StudyCallback(Callback):
             log.info("MLflow: study %s, parent run %s (%s)", study.name, run_id, uri)
             return run_id
 
-        self.study_name = study.name
+        self.study_name, self._tracking = study.name, tracking_conf
         self._uri, self._ended, self._run_id, self._open = uri, False, None, open_run
         _CURRENT[:] = [self]  # one sweep per process
 
@@ -193,7 +194,7 @@ class StudyCallback(Callback):
         _clean_up_pool(config)
         try:
             # what the arms kept while the tracking server did not answer goes in before the report
-            kept = _write().deliver_outboxes(OmegaConf.to_object(config.tracking), self.study_name or "")
+            kept = _write().deliver_outboxes(self._tracking, self.study_name or "")
             if kept:
                 log.warning(
                     "%d arm runs' results are still kept for the tracking server (%s): the report lacks "

@@ -50,30 +50,21 @@ def is_server_unreachable(error: BaseException) -> bool:
     return any(marker in text for marker in UNREACHABLE)
 
 
+# log_batch's entities by argument; each kept as MLflow's own fields (`dict(entity)`, `from_dictionary`)
+ENTITIES = {"metrics": Metric, "params": Param, "tags": RunTag}
+
+
 def _encode(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """One call as JSON: log_batch's entities as dicts of their fields."""
-    out = dict(kwargs)
-    for key, kind in (("metrics", Metric), ("params", Param), ("tags", RunTag)):
-        if out.get(key):
-            out[key] = [
-                {"key": e.key, "value": e.value, "timestamp": e.timestamp, "step": e.step}
-                if kind is Metric
-                else {"key": e.key, "value": e.value}
-                for e in out[key]
-            ]
-    return {"call": name, **out}
+    """One call as JSON."""
+    entities = {key: [dict(e) for e in kwargs[key]] for key in ENTITIES if kwargs.get(key)}
+    return {"call": name, **kwargs, **entities}
 
 
 def _decode(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     kwargs = {k: v for k, v in row.items() if k != "call"}
-    if kwargs.get("metrics"):
-        kwargs["metrics"] = [
-            Metric(m["key"], m["value"], m["timestamp"], m["step"]) for m in kwargs["metrics"]
-        ]
-    if kwargs.get("params"):
-        kwargs["params"] = [Param(p["key"], p["value"]) for p in kwargs["params"]]
-    if kwargs.get("tags"):
-        kwargs["tags"] = [RunTag(t["key"], t["value"]) for t in kwargs["tags"]]
+    for key, kind in ENTITIES.items():
+        if kwargs.get(key):
+            kwargs[key] = [kind.from_dictionary(d) for d in kwargs[key]]
     return row["call"], kwargs
 
 
