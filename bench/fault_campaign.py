@@ -575,7 +575,10 @@ def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
             subprocess.run(["rm", "-rf", str(root)], capture_output=True)
 
 
-def run_episode(seed: int, cluster: str, arms: int, ssh_env: dict[str, str]) -> Episode:
+def run_episode(seed: int, cluster: str, arms: int, ssh_env: dict[str, str], sweeps: int = 4) -> Episode:
+    """One study of `arms` arms, a fault drawn for each: the first sweep and up to `sweeps - 1` resumes.
+    The last sweep draws no fault that ends the orchestrator, so every episode ends with a whole study to
+    check; every sweep before it may end in one (the next resumes)."""
     rng = random.Random(seed)
     ep = Episode(seed, cluster)
     kinds = [k for k, v in KINDS.items() if cluster in v.clusters]
@@ -585,17 +588,15 @@ def run_episode(seed: int, cluster: str, arms: int, ssh_env: dict[str, str]) -> 
         side: list[subprocess.Popen] = []
         parents: dict[str, int] = {}  # parent run id -> attempt
         jobs: dict[tuple[int, int], ArmProgress] = {}
-        for attempt in range(4):
+        for attempt in range(sweeps):
             ep.attempts = attempt + 1
             sweep = f"a{attempt}"
             extra = ["factor/multi_stream=on,off", f"repetition={reps}"] + (
                 ["resume=true"] if attempt else []
             )
             proc = sb.start(sb.argv(STUDY, sweep, *extra), sb.root / "logs" / f"{sweep}.log")
-            faulted = attempt < 3  # the last resume runs clean, so every episode ends with a whole study
-            injector = Injector(sb, sweep, proc, rng, attempt, kinds if faulted else [], faulted, side)
-            if faulted:
-                injector.start()
+            injector = Injector(sb, sweep, proc, rng, attempt, kinds, attempt < sweeps - 1, side)
+            injector.start()
             try:
                 proc.wait(timeout=SWEEP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -604,9 +605,8 @@ def run_episode(seed: int, cluster: str, arms: int, ssh_env: dict[str, str]) -> 
                 )
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            if faulted:
-                injector.join(timeout=5)
-                injector.finish()
+            injector.join(timeout=5)
+            injector.finish()
             ep.faults += [f for f in injector.faults.values() if f.kind is not None or f.job >= 0]
             parent = _read(sb.sweep_dir(sweep) / ".heisenhunt" / "parent_run_id")
             if parent:
@@ -753,13 +753,14 @@ def check_report(sb: Sandbox, ep: Episode, client) -> None:
                     f"seed {seed}: FINISHED run {run.info.run_id} {key} not pooled"
                 )
     rebuilt_dir = sb.root / "rebuilt"
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.report", "--tracking-uri", sb.uri, "--study", STUDY,
-         "--out", str(rebuilt_dir), "--no-plots"],
-        capture_output=True, text=True, cwd=sb.root, env=sb.env, timeout=180,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        problems["rebuild_mismatch"].append(f"seed {seed}: rebuild failed: {proc.stderr[-400:]}")
+    # what `python -m orchestrator.report --study S --out DIR --no-plots` does, in this process (a process
+    # of its own per episode was 4 s of CPU: MLflow's import again)
+    from orchestrator.report.pipeline import build_report
+
+    try:
+        build_report(sb.uri, STUDY, rebuilt_dir, plots=False)
+    except Exception as e:  # any failure to rebuild is the finding
+        problems["rebuild_mismatch"].append(f"seed {seed}: rebuild failed: {type(e).__name__}: {e}")
         return
     rebuilt = json.loads((rebuilt_dir / STUDY / "report.json").read_text())
     for what, a, b in [
@@ -838,6 +839,7 @@ def campaign(
     replay: int | None = None,
     progress=print,
     parallel: int = 1,
+    sweeps: int = 4,
 ) -> dict:
     """Episodes until `faults` faults were injected (`parallel` at once, each in its own sandbox), or the
     one episode `replay`; the summary."""
@@ -850,7 +852,7 @@ def campaign(
         return sum(f.injected for e in episodes for f in e.faults)
 
     def one(ep_seed: int, env: dict[str, str]) -> None:
-        ep = run_episode(ep_seed, cluster, arms, env)
+        ep = run_episode(ep_seed, cluster, arms, env, sweeps)
         with lock:
             episodes.append(ep)
             bad = {k: len(v) for k, v in ep.problems.items() if v}
@@ -900,9 +902,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", type=int, default=6, help="arms per study (multi_stream on/off x repetitions)")
     ap.add_argument("--replay", type=int, default=None, help="run the one episode of this seed")
     ap.add_argument("--parallel", type=int, default=1, help="episodes at once (each in its own sandbox)")
+    ap.add_argument("--sweeps", type=int, default=4, help="per study: the first and up to N-1 resumes")
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = ap.parse_args(argv)
-    summary = campaign(args.cluster, args.faults, args.seed, args.arms, args.replay, parallel=args.parallel)
+    summary = campaign(
+        args.cluster,
+        args.faults,
+        args.seed,
+        args.arms,
+        args.replay,
+        parallel=args.parallel,
+        sweeps=args.sweeps,
+    )
     text = json.dumps(summary, indent=2, default=str)
     print(text)
     if args.json:

@@ -347,6 +347,12 @@ def _run_arm(
             # bad input the hosts caught: nothing was stopped or restarted; the run says why, the sweep stops
             tracker.fail(str(e))
             raise
+        except Exception as e:  # a host that could not be asked (its SSH connection cut): this arm failed,
+            # with nothing stopped or started; the sweep goes on (fault campaign seed 33, ssh, 4 at once)
+            reason = f"could not check the arm on its hosts: {type(e).__name__}: {e}"
+            log.error("arm %s failed: %s", start.label, reason)
+            tracker.fail(reason)
+            return _summary(start, tracker.run_id, "FAILED", reason)
         # the cluster is this arm's from before the first stop until after the last one
         holder = holder or Holder.this_process(
             f"study {start.study}, arm {start.label} #{start.repetition} (MLflow run {tracker.run_id})"

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -151,6 +152,28 @@ def seed_mlflow_store(path: Path) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_migrated_store(), path)
     return f"sqlite:///{path}"
+
+
+@contextlib.contextmanager
+def ssh_port_that_hangs_up() -> Iterator[int]:
+    """A loopback port whose one "sshd" sends its banner, reads the client's key exchange and hangs up:
+    what a client mid-handshake sees when every session of a real sshd is killed (the fault campaign's
+    ssh_cut). Not an sshd: a listener that plays that one moment."""
+
+    def hang_up(srv: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = srv.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.2p1\r\n")
+                conn.settimeout(0.3)
+                while conn.recv(65536):  # read to the client's silence: the end it sees is EOF, not RST
+                    pass
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        threading.Thread(target=hang_up, args=(srv,), daemon=True).start()
+        yield srv.getsockname()[1]
 
 
 def local_cluster_overrides(tmp_path: Path) -> list[str]:

@@ -11,9 +11,10 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.arm import ArmSkip, ArmStart, StressThenBench, prepare, run_arm
 from orchestrator.config.load import load_job
+from orchestrator.remote import make_transport
 from orchestrator.remote.local import LocalTransport
 from orchestrator.tracking.write import CORRUPTED, ArmTracker
-from tests.conftest import listening
+from tests.conftest import listening, ssh_port_that_hangs_up
 
 SMALL = ("workload.sessions=6", "workload.rounds=2", "bench.enabled=false")
 
@@ -83,6 +84,32 @@ def test_two_runs_of_one_arm_each_parse_only_their_own_server_start(compose_cfg,
         captured = sum("cuda graph: True" in line for line in text.splitlines() if "Decode batch" in line)
         assert run.data.metrics["capture_batches"] == captured > 0
         assert any(run.info.run_id[:12] in p.name for p in logs)
+
+
+def test_a_host_whose_connection_is_cut_during_the_arms_checks_fails_the_arm_not_the_sweep(
+    compose_cfg, tmp_path
+):
+    """Fault campaign seed 33 (ssh, four studies at once): the sshd's sessions were cut as an arm checked
+    its hosts; the error escaped the arm, Hydra ended the sweep after its batch, and no report was written.
+    The arm is now one FAILED run saying why, with nothing started, and returns to the sweep."""
+    job = load_job(compose_cfg("factor/multi_stream=on", *SMALL))
+    start = prepare(job, finished=set())
+    assert isinstance(start, ArmStart)
+    tracker = ArmTracker.start(job.tracking, job.study, start.plan, start.repetition, None)
+    with ssh_port_that_hangs_up() as port:
+        cut = make_transport(
+            {"transport": "ssh", "address": "127.0.0.1", "ssh": {"port": port, "config_file": "/nonexistent"}}
+        )
+        transports = {role: LocalTransport() for role in start.plan.roles} | {"decode": cut}
+        summary = run_arm(start, transports, tracker, StressThenBench(0), tmp_path / "job")
+
+    assert summary["status"] == "FAILED"
+    run = MlflowClient(job.tracking.uri).get_run(tracker.run_id)
+    assert run.info.status == "FAILED"
+    reason = run.data.tags["failure_reason"]
+    assert "could not check the arm on its hosts" in reason and "SSH handshake" in reason, reason
+    for rp in start.plan.roles.values():  # nothing was started
+        assert not any(listening(port) for port in rp.host.ports().values())
 
 
 def test_a_signal_held_by_the_teardown_still_stops_the_sweep_when_the_arm_then_fails():

@@ -813,6 +813,11 @@ class SSHTransport(Transport):
         except OSError as e:
             client.close()
             raise HostUnreachable(f"{where}: cannot connect: {e}") from e
+        except EOFError as e:  # paramiko's word for a server that hung up mid-handshake (its session killed)
+            client.close()
+            raise HostUnreachable(
+                f"{where}: the server closed the connection during the SSH handshake"
+            ) from e
         except paramiko.SSHException as e:
             client.close()
             # e.g. "Error reading SSH protocol banner": something that is not a working sshd

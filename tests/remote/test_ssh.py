@@ -29,6 +29,7 @@ from orchestrator.remote.ssh import (
     UnknownHostKey,
     resolve_route,
 )
+from tests.conftest import ssh_port_that_hangs_up
 
 pytestmark = pytest.mark.ssh
 
@@ -410,3 +411,16 @@ def test_ssh_local_cluster_config_reaches_every_role(
             assert out == os.sys.prefix
     finally:
         close_all(ts)
+
+
+def test_a_server_that_hangs_up_during_the_handshake_is_unreachable_not_an_eof() -> None:
+    # fault campaign seed 33 (ssh, four studies at once): every session of the sshd cut while an arm
+    # connected; paramiko raised a bare EOFError, which escaped the arm and ended the sweep with no report
+    with ssh_port_that_hangs_up() as port:
+        cfg = {
+            "transport": "ssh",
+            "address": "127.0.0.1",
+            "ssh": {"port": port, "connect_timeout_s": 3.0, "config_file": "/nonexistent"},
+        }
+        with pytest.raises(HostUnreachable, match="closed the connection during the SSH handshake"):
+            make_transport(cfg).run_shell("true")
