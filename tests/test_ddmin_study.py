@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.conftest import FAST_SIM
 from tests.test_study import finish, no_servers_left, orchestrator, runs
 
 # two of the experiment's twenty differences: the culprit and one that does nothing; the simulated
@@ -17,16 +18,12 @@ DIFFERENCES = (
     "{id: overlap, roles: {decode: {env: {SGLANG_OPT_USE_MULTI_STREAM_OVERLAP: '1'}}}},"
     "{id: nccl_debug, roles: {prefill: {env: {NCCL_DEBUG: WARN}}, decode: {env: {NCCL_DEBUG: WARN}}}}]"
 )
-FAST = [
-    "deployment.roles.prefill.env.HEISENHUNT_SIM_TIME_SCALE=0.05",
-    "deployment.roles.decode.env.HEISENHUNT_SIM_TIME_SCALE=0.05",
-]
 
 
 @pytest.mark.slow
 def test_a_ddmin_study_finds_the_culprit_and_reports_the_configuration_to_deploy(tmp_path):
     proc = orchestrator(
-        tmp_path, "-m", "+experiment=ddmin_serve_script", DIFFERENCES, *FAST, "bench.enabled=false"
+        tmp_path, "-m", "+experiment=ddmin_serve_script", DIFFERENCES, *FAST_SIM, "bench.enabled=false"
     )
     out = finish(proc, 300)
     assert proc.returncode == 0, out[-4000:]

@@ -14,6 +14,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import FAST_SIM
 from tests.test_study import finish, no_servers_left, orchestrator
 
 # C=64 and long outputs add minutes, not information, to this check; the sweep's shape stays
@@ -41,7 +42,7 @@ def verdicts(report: dict) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
-    proc = orchestrator(tmp_path, "+experiment=dsv4_sequential", *QUICK_BENCH)
+    proc = orchestrator(tmp_path, "+experiment=dsv4_sequential", *QUICK_BENCH, *FAST_SIM)
     out = finish(proc, 1500)
     assert proc.returncode == 0, out[-5000:]
     report = json.loads((tmp_path / "reports" / "dsv4_sequential" / "report.json").read_text())

@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from tests.conftest import FAST_SIM
 from tests.test_dsv4_study import verdicts
 from tests.test_study import finish, no_servers_left, orchestrator
 
@@ -28,7 +29,7 @@ def test_the_default_study_over_ssh_gives_the_local_verdicts(sshd, tmp_path, mon
     monkeypatch.setenv("HH_SSH_CONFIG", str(tmp_path / "no-ssh-config"))
     logins_before = sshd.log_text().count("Accepted publickey")
     # the default study, in rounds (the sequential design: two starts per arm when the evidence is clear)
-    proc = orchestrator(tmp_path, "cluster=ssh_local", "hydra.sweeper.default_design=sequential")
+    proc = orchestrator(tmp_path, "cluster=ssh_local", "hydra.sweeper.default_design=sequential", *FAST_SIM)
     out = finish(proc, 900)
     assert proc.returncode == 0, out[-5000:]
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
