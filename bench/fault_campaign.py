@@ -152,7 +152,8 @@ def explained(kind: str | None, phase: str, status: str, reason: str) -> bool:
     if kind == "second_study":
         return status == "FINISHED"
     if kind == "ssh_cut":
-        return status == "FINISHED" or failed(r"(?i)ssh|connection|channel|socket|EOF")
+        # (a persistent shell's session is an SSH session: "the shell running `...` ended")
+        return status == "FINISHED" or failed(r"(?i)ssh|connection|channel|socket|EOF|shell")
     if kind == "worker_kill":
         return failed(r"Ray worker was lost")
     raise ValueError(f"unknown fault kind {kind!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 import shlex
+import textwrap
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -30,11 +31,18 @@ class TransportError(RuntimeError):
     """A host could not be reached, or a command on it could not be run as asked."""
 
 
+def brief(command: str, width: int = 160) -> str:
+    """A command as an error names it: whitespace collapsed, cut at `width`. The preflight runs a whole
+    Python program through `python -c`; named in full, it pushed the error's end (why the command failed)
+    past what a run's failure tag keeps (fault campaign seed 1724820278)."""
+    return textwrap.shorten(command, width=width, placeholder=" ...")
+
+
 class CommandFailed(TransportError):
     def __init__(self, host: str, command: str, result: CommandResult):
         self.result = result
         tail = (result.stderr or result.stdout).strip()[-2000:]
-        super().__init__(f"on {host}: `{command}` exited {result.returncode}: {tail}")
+        super().__init__(f"on {host}: `{brief(command)}` exited {result.returncode}: {tail}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from orchestrator.remote.base import CommandResult, Transport, TransportError
+from orchestrator.remote.base import CommandResult, Transport, TransportError, brief
 
 
 class LocalTransport(Transport):
@@ -27,7 +27,9 @@ class LocalTransport(Transport):
                 errors="replace",
             )
         except subprocess.TimeoutExpired as e:
-            raise TransportError(f"on {self.host}: `{command}` did not finish within {timeout}s") from e
+            raise TransportError(
+                f"on {self.host}: `{brief(command)}` did not finish within {timeout}s"
+            ) from e
         return CommandResult(done.returncode, done.stdout, done.stderr)
 
     def read_file(self, path: str) -> bytes:

@@ -68,7 +68,7 @@ from typing import Any, ClassVar
 
 import paramiko
 
-from orchestrator.remote.base import CommandResult, Transport, TransportError
+from orchestrator.remote.base import CommandResult, Transport, TransportError, brief
 
 log = logging.getLogger(__name__)
 
@@ -868,14 +868,18 @@ class SSHTransport(Transport):
                     )
                     continue
                 raise TransportError(
-                    f"on {self.host}: the shell running `{command}` ended before the command did ({e})"
+                    f"on {self.host}: the shell running `{brief(command)}` ended before the command did ({e})"
                 ) from e
             except TimeoutError as e:
                 self._kill(shell)
-                raise TransportError(f"on {self.host}: `{command}` did not finish within {timeout}s") from e
+                raise TransportError(
+                    f"on {self.host}: `{brief(command)}` did not finish within {timeout}s"
+                ) from e
             except (paramiko.SSHException, EOFError, OSError) as e:
                 shell.close()
-                raise TransportError(f"on {self.host}: connection lost while running `{command}`: {e}") from e
+                raise TransportError(
+                    f"on {self.host}: connection lost while running `{brief(command)}`: {e}"
+                ) from e
             except BaseException:
                 shell.close()  # interrupted mid-command: its output is still coming, never reuse it
                 raise
@@ -947,9 +951,13 @@ class SSHTransport(Transport):
             chan.shutdown_write()  # stdin is empty, as with the local transport's DEVNULL
             out, err, code = self._collect(chan, timeout)
         except TimeoutError as e:
-            raise TransportError(f"on {self.host}: `{command}` did not finish within {timeout}s") from e
+            raise TransportError(
+                f"on {self.host}: `{brief(command)}` did not finish within {timeout}s"
+            ) from e
         except (paramiko.SSHException, EOFError, OSError) as e:
-            raise TransportError(f"on {self.host}: connection lost while running `{command}`: {e}") from e
+            raise TransportError(
+                f"on {self.host}: connection lost while running `{brief(command)}`: {e}"
+            ) from e
         finally:
             chan.close()
         return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))

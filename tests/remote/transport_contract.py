@@ -88,6 +88,19 @@ class TransportContract:
             transport.run(["sh", "-c", "echo boom >&2; exit 7"])
         assert transport.run(["false"], check=False).returncode == 1
 
+    def test_a_long_program_that_fails_is_named_in_brief_and_the_error_ends_with_why(
+        self, transport: Transport
+    ) -> None:
+        # the preflight's host side is a whole program run with `python -c`: named in full, it pushed why
+        # the command failed past what a run's failure tag keeps (fault campaign seed 1724820278)
+        program = "".join(f"x{i} = {i}  # a line of the program\n" for i in range(400))
+        program += "import sys\nsys.exit('the reason it failed')"
+        with pytest.raises(TransportError) as failed:
+            transport.run([sys.executable, "-c", program])
+        message = str(failed.value)
+        assert message.endswith("the reason it failed") and "exited 1" in message, message[-300:]
+        assert len(message) < 400 and "x399" not in message, len(message)
+
     def test_large_output_on_both_streams_does_not_block(self, transport: Transport) -> None:
         # 2 MiB on each stream: a transport reading one stream after the other would deadlock
         script = (

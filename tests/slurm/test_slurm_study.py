@@ -100,7 +100,7 @@ def test_a_job_cancelled_by_scancel_mid_stress_is_one_failed_arm(slurm, tmp_path
 
 
 def test_ctrl_c_of_the_driver_cancels_every_job_and_leaves_nothing_running(slurm, tmp_path):
-    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL, "workload.sessions=400")
+    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL, "workload.sessions=400", "workload.concurrency=2")
     try:
         stressing_job(slurm, tmp_path)
         assert len(slurm.queue()) == 6  # one running, five queued behind it (--exclusive)
@@ -117,7 +117,8 @@ def test_ctrl_c_of_the_driver_cancels_every_job_and_leaves_nothing_running(slurm
 
 
 def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
-    # a one-minute limit (SLURM's smallest) on an arm that needs longer
+    # a one-minute limit (SLURM's smallest) on an arm that needs longer: two sessions at a time, so that
+    # the minute it waits for is not a minute of the suite's CPU
     proc = orchestrator(
         tmp_path,
         *ON_SLURM,
@@ -127,6 +128,7 @@ def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
         "hydra.launcher.sbatch.time=1",
         "hydra.launcher.sbatch.signal_delay_s=5",
         "workload.sessions=5000",
+        "workload.concurrency=2",
     )
     try:
         out = finish(proc, 600)
