@@ -247,4 +247,6 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    cli()
+    from orchestrator.run.fast_exit import run_then_exit_fast
+
+    run_then_exit_fast(cli)

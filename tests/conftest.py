@@ -84,6 +84,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     )
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With HEISENHUNT_TEST_TIMELINE set, each test's worker, start and end (epoch seconds) and id, one
+    line per test appended to that file: where a run's wall time went (scripts/test_timeline.py)."""
+    path = os.environ.get("HEISENHUNT_TEST_TIMELINE")
+    started = time.time()
+    yield
+    if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        with open(path, "a") as f:
+            f.write(f"{worker}\t{started:.2f}\t{time.time():.2f}\t{item.nodeid}\n")
+
+
 @contextlib.contextmanager
 def machine_share(lock_dir: Path, alone: bool, patience_s: float = 120.0) -> Iterator[None]:
     """A readers-writer lock over the pytest-xdist workers of one run (flock on two files in `lock_dir`):
