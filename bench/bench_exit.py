@@ -57,7 +57,9 @@ def run_once(entry: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}

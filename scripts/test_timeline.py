@@ -30,7 +30,9 @@ def summary(rows: list[tuple[str, float, float, str]], tail_s: float) -> str:
     for worker, tests in sorted(by_worker.items()):
         busy = sum(e - s for s, e, _ in tests)
         last = max(e for _, e, _ in tests)
-        lines.append(f"  {worker}: {len(tests)} tests, busy {busy:.0f} s, done {t1 - last:.0f} s before the end")
+        lines.append(
+            f"  {worker}: {len(tests)} tests, busy {busy:.0f} s, done {t1 - last:.0f} s before the end"
+        )
     lines.append(f"running in the last {tail_s:.0f} s (start and end from the first start):")
     for worker, start, end, nodeid in sorted(rows, key=lambda r: r[1]):
         if end > t1 - tail_s:
@@ -39,7 +41,9 @@ def summary(rows: list[tuple[str, float, float, str]], tail_s: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("timeline", type=Path)
     parser.add_argument("--tail", type=float, default=180.0, help="seconds before the end to list (180)")
     args = parser.parse_args()

@@ -15,6 +15,7 @@ orchestrator writes is closed where it is written (a `with` block), as before.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -39,10 +40,9 @@ def run_then_exit_fast(main: Callable[[], None]) -> None:
     def end_now() -> None:
         logging.shutdown()  # registered before this handler: it would run after it, so never
         for stream in (sys.stdout, sys.stderr):
-            try:
+            # a closed pipe: what it would have said is lost either way
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):  # a closed pipe: what it would have said is lost either way
-                pass
         os._exit(status[0])
 
     # registered before any handler of what `main` imports: handlers run last-registered first
