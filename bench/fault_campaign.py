@@ -84,6 +84,9 @@ ARM = [
     "deployment.roles.prefill.startup_timeout_s=20",
     "deployment.roles.decode.startup_timeout_s=20",
     "deployment.roles.router.startup_timeout_s=20",
+    # the sim's clock at the scale its calibration is checked at: a start-up of 0.2 s, not 0.8
+    "deployment.roles.prefill.env.HEISENHUNT_SIM_TIME_SCALE=0.05",
+    "deployment.roles.decode.env.HEISENHUNT_SIM_TIME_SCALE=0.05",
 ]
 SWEEP_TIMEOUT_S = 300
 # every orchestrator the campaign started and has not seen end: a Ctrl-C of the campaign stops them
