@@ -70,4 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orchestrator.run.fast_exit import run_then_exit_fast
+
+    run_then_exit_fast(lambda: sys.exit(main()))
