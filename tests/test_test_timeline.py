@@ -1,0 +1,48 @@
+"""Where a test run's time went: the timeline tests/conftest.py writes under HEISENHUNT_TEST_TIMELINE, read by
+scripts/test_timeline.py (which `.ci/run` prints at its end)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("test_timeline_script", ROOT / "scripts" / "test_timeline.py")
+assert _spec is not None and _spec.loader is not None
+timeline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timeline)
+
+
+def test_a_run_writes_a_line_per_test_and_the_script_sums_each_worker(tmp_path: Path):
+    path = tmp_path / "timeline.tsv"
+    target = "tests/test_fast_exit.py::test_exit_code_is_pythons"
+    env = {**os.environ, "HEISENHUNT_TEST_TIMELINE": str(path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", target],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    rows = timeline.read(path)
+    assert len(rows) == 4 and {r[3].split("[")[0] for r in rows} == {target}
+    assert {r[0] for r in rows} <= {"gw0", "gw1"} and all(r[1] <= r[2] for r in rows)
+    text = timeline.summary(rows, tail_s=600)
+    assert text.startswith("4 tests, ")
+    assert all(f"{worker}: " in text for worker in {r[0] for r in rows})
+    assert text.count(target) == 4  # every test ran in the last 600 s
+
+
+def test_the_summary_names_the_tests_of_the_last_minutes_and_each_workers_idle_end():
+    rows = [
+        ("gw0", 100.0, 400.0, "tests/a.py::long"),
+        ("gw1", 100.0, 150.0, "tests/b.py::short"),
+        ("gw1", 150.0, 160.0, "tests/b.py::shorter"),
+    ]
+    text = timeline.summary(rows, tail_s=100)
+    assert "3 tests, 300 s from the first start to the last end" in text
+    assert "gw0: 1 tests, busy 300 s, done 0 s before the end" in text
+    assert "gw1: 2 tests, busy 60 s, done 240 s before the end" in text
+    assert "tests/a.py::long" in text and "tests/b.py::short" not in text
