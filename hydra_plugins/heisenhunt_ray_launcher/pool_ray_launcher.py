@@ -71,6 +71,10 @@ def job_slots(config: DictConfig) -> int:
     return (len(pool.clusters) if pool is not None else 1) + 1
 
 
+# how often the driver, waiting on its jobs, lets a Ctrl-C or SIGTERM through (seconds)
+WAIT_FOR_SIGNALS_S = 0.1
+
+
 def init_options(init_cfg: DictConfig, slots: int) -> DictConfig:
     """ray.init's options: as configured. A Ray started here is small, as Hydra's launcher makes it for
     CI machines, has `slots` CPUs (a job's CPU is a slot: its arm's load runs in its servers) and no
@@ -175,7 +179,10 @@ class PoolRayLauncher(StudyLauncher):
         pending = list(jobs)
         try:
             while pending:
-                done, pending = ray.wait(pending, num_returns=1)
+                # a signal reaches Python only when ray.wait returns to it: without a timeout a Ctrl-C
+                # waited for the next arm to end (seed 804765948, Ray: a SIGINT mid-stress took effect
+                # 0.6 s later, after the interrupted arm had ended FINISHED)
+                done, pending = ray.wait(pending, num_returns=1, timeout=WAIT_FOR_SIGNALS_S)
                 for ref in done:
                     results[ref] = self._result(ref, *jobs[ref])
         except KeyboardInterrupt:
