@@ -829,8 +829,10 @@ def test_sigint_inherited_ignored_is_honoured_in_every_phase(study, moment):
     proc.send_signal(signal.SIGINT)
     out = finish(proc, 120)
     assert proc.returncode == 130, out[-3000:]
-    assert "interrupted" in out
-    # the signal may land a moment later than aimed (in the next arm's start): that arm is then KILLED
+    # the signal may land a moment later than aimed (in the next arm's start: one that came while Hydra
+    # composed that arm's config is handed back once the composing is done, run/interrupts.py): that arm
+    # is then KILLED, and the last line says which arm was stopped
+    assert "heisenhunt: interrupted" in out or "heisenhunt: signal 2: stopped arm" in out, out[-3000:]
     statuses = [r.info.status for r in study.arm_runs()]
     done = [] if moment == "before the first arm" else ["FINISHED"]
     assert statuses in (done, [*done, "KILLED"]), out[-3000:]
