@@ -113,9 +113,9 @@ KINDS: dict[str, Kind] = {
     "ssh_cut": Kind(("preflight", "start-up", "health gate", "stress", "teardown"), ("ssh",)),
     "worker_kill": Kind(("start-up", "stress"), ("ray",)),
 }
-# the longest wait after a phase begins, about its length in these short arms: a moment inside it
-# the delays are drawn within phases as long as the sim's default clock (0.2) makes them: at 0.05 the
-# phases shrink, and 38% of an SSH campaign's faults landed in teardown instead of 20%
+# the longest wait after a phase begins, about its length in these short arms at the sim's default clock
+# (0.2): a moment inside it (at 0.05 the phases shrank under these delays, and 38% of an SSH campaign's
+# faults landed in teardown instead of 20%)
 PHASE_DELAY_S = {"preflight": 0.3, "start-up": 0.8, "health gate": 0.8, "stress": 1.2, "bench": 0.4,
                  "teardown": 0.2, "hand-over": 0.3}  # fmt: skip
 NO_FAULT = 0.08  # the share of arms that get none: they must simply finish

@@ -1,9 +1,9 @@
 """End a command's process without Python's teardown of its modules.
 
 A sweep's process has imported MLflow, SQLAlchemy, pandas, SciPy and matplotlib by its end, and freeing them
-one object at a time took 1.1 to 1.4 s of wall time and up to 1.6 s of CPU per sweep on the embedded default
-(bench/bench_exit.py measures it side by side), after the report was written and nothing was left to do.
-The test suite runs a study in more than a hundred processes, and the fault campaign in dozens.
+one object at a time cost 1.7 s of wall time and 1.6 s of CPU per sweep on the embedded default (medians,
+`bench/bench_exit.py`, side by side), after the report was written and nothing was left to do. The test
+suite and the fault campaign start a study in many such processes.
 
 Only the teardown is skipped: the process still ends the way Python ends it up to that point. Threads that
 are not daemons are joined first, every exit handler registered after this one runs (MLflow's, Ray's
