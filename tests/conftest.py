@@ -55,6 +55,21 @@ def sweep_logs(sweep_dir: Path) -> str:
     return "".join(f.read_text() for f in files if f.is_file())
 
 
+@contextlib.contextmanager
+def cpu_hogs(per_cpu: int) -> Iterator[list[subprocess.Popen]]:
+    """`per_cpu` busy loops pinned to each CPU this process may use; killed (by pid) on exit."""
+    cpus = sorted(os.sched_getaffinity(0)) * per_cpu
+    code = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", code, str(cpu)]) for cpu in cpus]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait(timeout=10)
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now, never the same one twice in a test session (in any of
     its workers): two servers of one deployment given the same port would answer each other's health

@@ -18,9 +18,11 @@ English words that are one token each in the usual BPE vocabularies, behind a pe
 two prompts share a prefix (the server's radix cache must not turn prefill into a cache hit).
 `input_len` is therefore approximate; the server's own prompt count is logged per level.
 
-Self-audit, per level (thresholds in `metrics.AuditThresholds`): achieved concurrency vs target over
-the issuing window, the process CPU time over the level (`time.process_time`) and the event-loop lag
-(a ticker task that sleeps `LAG_TICK_S` and records how much it overslept). A breach adds a line to
+Self-audit, per level (thresholds in `metrics.AuditThresholds`): achieved concurrency vs target over the
+issuing window, the process CPU time over the level (`time.process_time`) and the event-loop lag (a ticker
+task that sleeps `LAG_TICK_S` and records how much it overslept), and how contended the host's CPUs were
+(Linux PSI, `CPU_PRESSURE`): on the embedded default the simulated servers share the client's host, and
+other work there slows both, which reads as the arm's throughput. A breach adds a line to
 `LevelResult.warnings`; `BenchResult.client_bound` is then true and the report gives no throughput
 verdict.
 
@@ -48,7 +50,7 @@ from typing import Any
 
 from orchestrator.workload.client import chat_payload, open_session, stream_chat
 from orchestrator.workload.fill import fill
-from orchestrator.workload.metrics import AuditThresholds, RequestRecord, summarize_level
+from orchestrator.workload.metrics import AuditThresholds, RequestRecord, cpu_pressure_share, summarize_level
 from orchestrator.workload.results import BenchResult, LevelResult, Percentiles
 from orchestrator.workload.wire import RequestError
 
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 DEFAULT_LEVELS = (1, 8, 32, 64)
 #: the loop-lag ticker's period: short enough to sample lag many times per ITL, cheap (~200 wakeups/s)
 LAG_TICK_S = 0.005
+#: Linux pressure stall information for CPUs (kernel 4.20+): the host's contention, for the self-audit
+CPU_PRESSURE = "/proc/pressure/cpu"
 
 # Common English words, each a single token (with its leading space) in the GPT-2/Llama/Qwen/DeepSeek
 # BPE vocabularies, so a prompt of n words is close to n tokens without a tokenizer.
@@ -161,6 +165,17 @@ async def _lag_ticker(lags: list[float], stop: asyncio.Event) -> None:
         lags.append(max(0.0, time.monotonic() - before - LAG_TICK_S))
 
 
+def read_cpu_pressure_us(path: str = CPU_PRESSURE) -> int | None:
+    """Linux PSI: the microseconds, since boot, in which some task on the host waited for a CPU; None
+    where the host does not report it."""
+    try:
+        with open(path) as f:
+            some = next(line for line in f if line.startswith("some "))
+        return int(some.rsplit("total=", 1)[1])
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
 async def _run_level(session: Any, config: BenchConfig, concurrency: int, level_index: int) -> LevelResult:
     total = config.requests_for(concurrency)
     seed_base = (config.seed * 1_000_003 + level_index) * 10_000_000
@@ -171,6 +186,7 @@ async def _run_level(session: Any, config: BenchConfig, concurrency: int, level_
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(_lag_ticker(lags, stop))
+    pressure_before, wall_before = read_cpu_pressure_us(), time.monotonic()
     cpu_before = time.process_time()
     deadline = time.monotonic() + config.duration_s if config.duration_s is not None else math.inf
 
@@ -190,7 +206,8 @@ async def _run_level(session: Any, config: BenchConfig, concurrency: int, level_
         cpu = time.process_time() - cpu_before
         stop.set()
         await ticker
-    level = summarize_level(records, concurrency, cpu, lags, config.thresholds)
+    pressure = cpu_pressure_share(pressure_before, read_cpu_pressure_us(), time.monotonic() - wall_before)
+    level = summarize_level(records, concurrency, cpu, lags, config.thresholds, pressure)
     errors = Counter(r.error.split(":", 1)[0] for r in records if r.error)
     if errors:
         first = next(r.error for r in records if r.error)

@@ -72,13 +72,20 @@ class AuditThresholds:
       busy is queueing its own callbacks, which inflates every timestamp;
     - event-loop lag p99 above `max_loop_lag_s`: the loop was too busy to serve its streams on time;
     - lag above `max_lag_itl_fraction` x the ITL median (a `timing:` note, not a bottleneck): chunk
-      timestamps are late by up to the lag, so latencies of that order cannot be trusted.
+      timestamps are late by up to the lag, so latencies of that order cannot be trusted;
+    - the host's CPUs contended for more than `max_cpu_pressure` of the level (Linux PSI, "some" tasks
+      waited for a CPU): the client's timestamps, and on the embedded default the simulated servers
+      beside it, ran late by the host's other work, which would read as the arm's throughput. On a
+      host without /proc/pressure (not Linux, or PSI off) this check is skipped.
     """
 
     min_concurrency_ratio: float = 0.95
     max_cpu_fraction: float = 0.75
     max_loop_lag_s: float = 0.010
     max_lag_itl_fraction: float = 0.5
+    # the embedded default on two cores contends with itself up to ~35% at C=64 on an idle host (client,
+    # router and servers); a busy host took 50-73% at C=32-64 and 7-12% of the tok/s
+    max_cpu_pressure: float = 0.50
 
 
 def percentiles(values: Sequence[float]) -> Percentiles:
@@ -123,6 +130,14 @@ def achieved_concurrency(
     return covered / span
 
 
+def cpu_pressure_share(before_us: int | None, after_us: int | None, seconds: float) -> float | None:
+    """The share of `seconds` in which some task on the host waited for a CPU, from two readings of
+    /proc/pressure/cpu's `some total=` (microseconds); None when either reading is missing."""
+    if before_us is None or after_us is None or seconds <= 0:
+        return None
+    return max(0.0, (after_us - before_us) / 1e6 / seconds)
+
+
 def audit_warnings(
     target: int,
     achieved: float,
@@ -131,11 +146,13 @@ def audit_warnings(
     itl_p50: float,
     missing_usage: int,
     thresholds: AuditThresholds,
+    cpu_pressure: float | None = None,
 ) -> list[str]:
     """The self-audit: one line per reason the level's numbers may be the client's, not the server's.
 
-    Lines start with `client:` (the client may have been the bottleneck) or `usage:` (tokens are
-    undercounted): either way the report must not give a throughput verdict on that level. A `timing:`
+    Lines start with `client:` (the client, or its host, may have been the bottleneck) or `usage:`
+    (tokens are undercounted): either way the report must not give a throughput verdict on that level.
+    A `timing:`
     line says latency figures (TTFT, ITL) may be late by up to the loop lag; the client still held the
     target concurrency, so tok/s stands.
     """
@@ -159,6 +176,11 @@ def audit_warnings(
             f"timing: event-loop lag p99 {loop_lag_p99 * 1e3:.2f} ms > "
             f"{thresholds.max_lag_itl_fraction:.0%} of ITL p50 {itl_p50 * 1e3:.2f} ms"
         )
+    if cpu_pressure is not None and cpu_pressure > thresholds.max_cpu_pressure:
+        out.append(
+            f"client: the host's CPUs were contended for {cpu_pressure:.0%} of the level "
+            f"(PSI some; limit {thresholds.max_cpu_pressure:.0%}): other work held them"
+        )
     if missing_usage:
         out.append(f"usage: {missing_usage} response(s) without a usage block; their tokens are not counted")
     return out
@@ -170,12 +192,15 @@ def summarize_level(
     client_cpu_s: float,
     loop_lags_s: Sequence[float],
     thresholds: AuditThresholds | None = None,
+    cpu_pressure: float | None = None,
 ) -> LevelResult:
     """One level's LevelResult from its measured requests (warm-up already excluded).
 
-    `client_cpu_s` is the process CPU time spent during the level; `loop_lags_s` the ticker's
-    oversleep samples. Failed requests count in `errors` and are left out of every latency and
-    throughput figure, but they do count as in flight for achieved concurrency.
+    `client_cpu_s` is the process CPU time spent during the level; `loop_lags_s` the ticker's oversleep
+    samples; `cpu_pressure` the share of the level some task on the host waited for a CPU
+    (`cpu_pressure_share`), None where the host does not report it. Failed requests count in `errors` and
+    are left out of every latency and throughput figure, but they do count as in flight for achieved
+    concurrency.
     """
     thresholds = thresholds or AuditThresholds()
     if not records:
@@ -218,7 +243,14 @@ def summarize_level(
         client_cpu_s=client_cpu_s,
         loop_lag_p99_s=lag_p99,
         warnings=audit_warnings(
-            concurrency, achieved, cpu_fraction, lag_p99, itl_pct.p50, missing, thresholds
+            concurrency,
+            achieved,
+            cpu_fraction,
+            lag_p99,
+            itl_pct.p50,
+            missing,
+            thresholds,
+            cpu_pressure,
         ),
         request_tokens=[r.completion_tokens for r in with_usage],  # type: ignore[misc]
         request_latency_s=[r.latency_s for r in with_usage],

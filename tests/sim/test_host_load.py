@@ -10,12 +10,7 @@ by the hogs spends longer between turns, so fewer sessions were held at once and
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,27 +20,12 @@ from orchestrator.remote.local import LocalTransport
 from orchestrator.sim.launch import server_launch, wait_healthy
 from orchestrator.workload.decode_load import DecodeLoadMonitor
 from orchestrator.workload.stress import StressSettings, run_stress_sync
-from tests.conftest import free_port
+from tests.conftest import cpu_hogs, free_port
 
 SESSIONS, ROUNDS, REPS = 60, 4, 5
 ICC = 0.005  # the built-in model's restart_icc
 # two busy loops per CPU: the client, router and servers get about a third of the machine
 HOGS_PER_CPU = 2
-
-
-@contextlib.contextmanager
-def cpu_hogs(per_cpu: int = HOGS_PER_CPU) -> Iterator[list[subprocess.Popen]]:
-    """`per_cpu` busy loops pinned to each CPU this process may use; killed (by pid) on exit."""
-    cpus = sorted(os.sched_getaffinity(0)) * per_cpu
-    code = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-    hogs = [subprocess.Popen([sys.executable, "-c", code, str(cpu)]) for cpu in cpus]
-    try:
-        yield hogs
-    finally:
-        for hog in hogs:
-            hog.kill()
-        for hog in hogs:
-            hog.wait(timeout=10)
 
 
 def one_run(c, out: Path, seed: int) -> dict[str, float]:
@@ -97,7 +77,7 @@ def test_a_busy_host_changes_neither_the_load_reached_nor_the_rate(cluster, tmp_
     runs: dict[str, list[dict[str, float]]] = {"idle": [], "hogged": []}
     for rep in range(REPS):  # interleaved, so whatever else the host does weighs on both alike
         runs["idle"].append(one_run(c, tmp_path / f"idle{rep}", seed=4000 + rep))
-        with cpu_hogs():
+        with cpu_hogs(HOGS_PER_CPU):
             runs["hogged"].append(one_run(c, tmp_path / f"hog{rep}", seed=5000 + rep))
     summary = {k: {f: [r[f] for r in v] for f in v[0]} for k, v in runs.items()}
     idle, hogged = runs["idle"], runs["hogged"]

@@ -26,6 +26,7 @@ from orchestrator.workload.bench import (
     bench_to_dict,
     format_table,
     load_bench,
+    read_cpu_pressure_us,
     request_payload,
     run_bench_sync,
     synthetic_prompt,
@@ -33,7 +34,7 @@ from orchestrator.workload.bench import (
 from orchestrator.workload.client import open_session
 from orchestrator.workload.metrics import RequestRecord, summarize_level
 from orchestrator.workload.results import BenchResult
-from tests.conftest import free_port
+from tests.conftest import cpu_hogs, free_port
 
 # --- pure parts -------------------------------------------------------------------------------------
 
@@ -244,3 +245,37 @@ def test_cli_writes_bench_json(sim_url: str, tmp_path: Path):
     assert [lv.output_tokens for lv in loaded.levels] == [64, 64]
     assert bench_to_dict(bench_from_dict(data))["levels"] == data["levels"]
     assert "tok/s" in done.stdout
+
+
+def test_cpu_pressure_is_read_from_the_psi_file(tmp_path: Path):
+    psi = tmp_path / "cpu"
+    psi.write_text(
+        "some avg10=1.99 avg60=2.63 avg300=21.97 total=5965629956\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    assert read_cpu_pressure_us(str(psi)) == 5965629956
+    assert read_cpu_pressure_us(str(tmp_path / "absent")) is None  # not Linux, or PSI off
+    psi.write_text("garbage\n")
+    assert read_cpu_pressure_us(str(psi)) is None
+
+
+@pytest.mark.skipif(read_cpu_pressure_us() is None, reason="this kernel reports no CPU pressure (PSI)")
+def test_a_level_measured_beside_busy_loops_is_client_bound_and_says_why(sim_url: str):
+    """The CI failure this audit came from: a throughput sweep measured while other work held the CPUs
+    read as the arm's 10% regression. Two busy loops per CPU beside the sim and the client: the level's
+    tok/s are the host's, so the sweep must refuse a verdict and name the contention."""
+    config = BenchConfig(
+        url=sim_url,
+        concurrency_levels=(8,),
+        duration_s=1.5,
+        input_len=8,
+        output_len=16,
+        model="sim-model",
+        warmup_requests=0,
+        timeout_s=30,
+    )
+    with cpu_hogs(2):
+        result = run_bench_sync(config)
+    warnings = result.levels[0].warnings
+    assert any(w.startswith("client: the host's CPUs were contended") for w in warnings), warnings
+    assert result.client_bound

@@ -13,6 +13,7 @@ from orchestrator.workload.metrics import (
     RequestRecord,
     achieved_concurrency,
     audit_warnings,
+    cpu_pressure_share,
     itls_s,
     percentiles,
     summarize_level,
@@ -131,6 +132,19 @@ def test_audit_thresholds():
     assert "ITL" in audit_warnings(8, 8.0, 0.1, 0.005, 0.008, 0, t)[0]
     assert audit_warnings(8, 8.0, 0.1, 0.003, 0.008, 0, t) == []
     assert audit_warnings(8, 7.0, 0.1, 0.0, math.nan, 0, t)[0].startswith("client: achieved")
+    # the host's CPUs contended (other work, or the embedded default's servers beside the client)
+    busy = audit_warnings(8, 8.0, 0.1, 0.001, 0.05, 0, t, cpu_pressure=0.6)
+    assert len(busy) == 1 and busy[0].startswith("client: the host's CPUs were contended for 60%"), busy
+    assert audit_warnings(8, 8.0, 0.1, 0.001, 0.05, 0, t, cpu_pressure=0.4) == []
+    assert audit_warnings(8, 8.0, 0.1, 0.001, 0.05, 0, t, cpu_pressure=None) == []
+
+
+def test_cpu_pressure_share_is_the_stall_over_the_wall_time():
+    # PSI totals are microseconds: 1.5 s of stall over 3 s of level
+    assert cpu_pressure_share(10_000_000, 11_500_000, 3.0) == pytest.approx(0.5)
+    assert cpu_pressure_share(None, 11_500_000, 3.0) is None  # the host does not report it
+    assert cpu_pressure_share(10_000_000, None, 3.0) is None
+    assert cpu_pressure_share(10_000_000, 10_000_000, 0.0) is None
 
 
 def test_empty_level_is_an_error():
