@@ -49,8 +49,13 @@ def test_the_dsv4_study_reproduces_the_original_verdicts(tmp_path):
     found = verdicts(report)
     for hypothesis, verdict in EXPECTED.items():
         assert found[hypothesis] == verdict, (hypothesis, found, out[-3000:])
-    # HiCache was a perturbation, not the cause: off lowers corruption but does not remove it
-    assert found["H-hicache"] != "implicated", found
+    # HiCache was a perturbation, not the cause: off lowers corruption but does not remove it. The
+    # rehearsal of this design implicates it in 0.2% of studies (`python -m orchestrator.study.rehearse
+    # +experiment=dsv4_sequential rehearse.studies=2000`); the counts say whether the sim agreed with it
+    runs = {
+        a["label"]: [(r["corrupted"], r["clean"] + r["corrupted"]) for r in a["runs"]] for a in report["arms"]
+    }
+    assert found["H-hicache"] != "implicated", (found, runs)
     arms = {a["label"]: a for a in report["arms"]}
     stop = report["stopping"]
     # fewer sessions than the fixed design's 5 arms x 4 starts x 60, in rounds of the arms still open

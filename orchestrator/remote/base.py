@@ -102,30 +102,43 @@ class GroupLook:
     zombies: int  # zombie members `ps` listed
     leader_started: str  # `ps -o lstart=` of the pid PGID ('' when no such process)
     leader_state: str = ""  # `ps -o stat=` of the pid PGID ('' when no such process)
+    # the kernel asked again after `ps`: a group reaped in between (zombies gone) reads as gone, not as a
+    # group `ps` missed (the suite once saw a stopped server's group judged alive that way)
+    kernel_knows_after: bool = True
 
 
 def liveness_command(pgid: int) -> str:
     """One POSIX shell line that prints a `GroupLook` of group `pgid` (parsed by `parse_group_look`):
     the kernel's answer to a signal 0 sent to the group, the members `ps` lists, the leader's state and
-    start."""
+    start, and the kernel's answer again."""
     g = int(pgid)
     if g <= 1:
         raise ValueError(f"refusing to look at process group {g}")
-    return (
+    kernel = (
         f"k=$(LC_ALL=C kill -0 -{g} 2>&1) && echo KNOWN || "
-        f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}; '
+        f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}'
+    )
+    return (
+        f"{kernel}; "
         f"ps -e -o pgid=,stat= | awk '$1 == {g} {{ if ($2 ~ /^Z/) z++; else l++ }} "
         f"END {{ print l + 0; print z + 0 }}'; "
-        f'echo "S $(ps -o stat= -p {g})"; echo "T $(ps -o lstart= -p {g})"; true'
+        f'echo "S $(ps -o stat= -p {g})"; echo "T $(ps -o lstart= -p {g})"; {kernel}; true'
     )
 
 
 def parse_group_look(stdout: str) -> GroupLook:
     lines = stdout.splitlines()
-    if len(lines) < 5 or lines[0] not in ("KNOWN", "UNKNOWN") or lines[3][:1] != "S" or lines[4][:1] != "T":
+    kernel = ("KNOWN", "UNKNOWN")
+    if (
+        len(lines) < 6
+        or lines[0] not in kernel
+        or lines[3][:1] != "S"
+        or lines[4][:1] != "T"
+        or lines[5] not in kernel
+    ):
         raise TransportError(f"unexpected answer to a process-group look: {stdout!r}")
     state, started = lines[3][1:].strip(), lines[4][1:].strip()
-    return GroupLook(lines[0] == "KNOWN", int(lines[1]), int(lines[2]), started, state)
+    return GroupLook(lines[0] == "KNOWN", int(lines[1]), int(lines[2]), started, state, lines[5] == "KNOWN")
 
 
 def judge_liveness(look: GroupLook, started_at: str = "") -> Liveness:
@@ -136,13 +149,14 @@ def judge_liveness(look: GroupLook, started_at: str = "") -> Liveness:
       `setsid` yet, and its group does not exist (found by the fault campaign over SSH, seed 2072488418:
       a router taken for exited in its first look was left running without its pid file).
     - Otherwise the kernel is the authority on "gone": `ps` walks /proc and was seen to miss a live router
-      on a loaded machine, so a group `ps` does not list is gone only when the kernel agrees, or when `ps`
-      lists its members and all are zombies."""
+      on a loaded machine, so a group `ps` does not list is gone only when the kernel agrees (before `ps`
+      or after it: a group of zombies reaped while `ps` ran is gone, not missed), or when `ps` lists its
+      members and all are zombies."""
     if look.leader_started and started_at and look.leader_started != started_at:
         return Liveness.RECYCLED
     if look.leader_state and not look.leader_state.startswith("Z"):
         return Liveness.ALIVE
-    if not look.kernel_knows:
+    if not look.kernel_knows or not look.kernel_knows_after:
         return Liveness.GONE
     if look.live == 0 and look.zombies > 0:
         return Liveness.GONE

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import pytest
 
-from orchestrator.remote.base import GroupLook, Liveness, judge_liveness, parse_group_look
+from orchestrator.remote.base import (
+    GroupLook,
+    Liveness,
+    TransportError,
+    judge_liveness,
+    liveness_command,
+    parse_group_look,
+)
 
 STARTED = "Thu Dec  3 11:20:41 2026"
 
@@ -25,6 +35,11 @@ STARTED = "Thu Dec  3 11:20:41 2026"
         (GroupLook(False, 0, 0, STARTED, "S"), Liveness.ALIVE),
         # a zombie leader of an otherwise empty group: gone
         (GroupLook(True, 0, 1, STARTED, "Z"), Liveness.GONE),
+        # the kernel knew the group, `ps` listed nothing, then the kernel did not: its zombies were reaped
+        # while `ps` ran, gone (a stopped server's group was once judged alive in that window)
+        (GroupLook(True, 0, 0, "", "", kernel_knows_after=False), Liveness.GONE),
+        # the leader was running when `ps` looked, whatever the kernel says after: alive at that look
+        (GroupLook(True, 1, 0, STARTED, "S", kernel_knows_after=False), Liveness.ALIVE),
         # the pid now names another process: ours is gone
         (GroupLook(True, 1, 0, "Mon Jan  1 00:00:00 2001"), Liveness.RECYCLED),
     ],
@@ -38,5 +53,32 @@ def test_without_a_recorded_start_any_leader_counts():
 
 
 def test_parse_a_look_with_and_without_a_leader():
-    assert parse_group_look(f"KNOWN\n3\n0\nS Ss\nT {STARTED}\n") == GroupLook(True, 3, 0, STARTED, "Ss")
-    assert parse_group_look("UNKNOWN\n0\n0\nS \nT \n") == GroupLook(False, 0, 0, "", "")
+    assert parse_group_look(f"KNOWN\n3\n0\nS Ss\nT {STARTED}\nKNOWN\n") == GroupLook(
+        True, 3, 0, STARTED, "Ss"
+    )
+    assert parse_group_look("UNKNOWN\n0\n0\nS \nT \nUNKNOWN\n") == GroupLook(False, 0, 0, "", "", False)
+    assert parse_group_look("KNOWN\n0\n0\nS \nT \nUNKNOWN\n").kernel_knows_after is False
+    with pytest.raises(TransportError):  # an answer cut short is not a look
+        parse_group_look(f"KNOWN\n3\n0\nS Ss\nT {STARTED}\n")
+
+
+def test_the_look_runs_in_a_shell_and_sees_a_live_group_then_a_gone_one():
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        look = parse_group_look(
+            subprocess.run(
+                ["sh", "-c", liveness_command(child.pid)], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        assert look.kernel_knows and look.kernel_knows_after and look.live == 1, look
+        assert judge_liveness(look) is Liveness.ALIVE
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(0.05)
+    look = parse_group_look(
+        subprocess.run(
+            ["sh", "-c", liveness_command(child.pid)], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert judge_liveness(look) is Liveness.GONE, look
