@@ -1,6 +1,7 @@
 """Where a test run's wall time went: read the file HEISENHUNT_TEST_TIMELINE names (tests/conftest.py writes
-a line per test: worker, start, end, id) and print each worker's busy time, its idle time before the run's
-end, and the tests running in the run's last minutes, which set how long the run takes.
+a line per test: worker, start, end, CPU seconds, id) and print each worker's busy time, its idle time
+before the run's end, the tests that used the most CPU (on a machine the suite keeps busy, CPU is what
+the run's length is made of), and the tests running in the run's last minutes.
 
     HEISENHUNT_TEST_TIMELINE=/tmp/timeline.tsv python -m pytest
     python scripts/test_timeline.py /tmp/timeline.tsv
@@ -11,21 +12,34 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 
-def read(path: Path) -> list[tuple[str, float, float, str]]:
+class Row(NamedTuple):
+    worker: str
+    start: float
+    end: float
+    nodeid: str
+    cpu_s: float = 0.0  # the test process's and the processes it waited for
+
+
+def read(path: Path) -> list[Row]:
     rows = []
     for line in path.read_text().splitlines():
-        worker, start, end, nodeid = line.split("\t", 3)
-        rows.append((worker, float(start), float(end), nodeid))
+        worker, start, end, cpu, nodeid = line.split("\t", 4)
+        rows.append(Row(worker, float(start), float(end), nodeid, float(cpu)))
     return rows
 
 
-def summary(rows: list[tuple[str, float, float, str]], tail_s: float) -> str:
-    t0, t1 = min(r[1] for r in rows), max(r[2] for r in rows)
-    lines = [f"{len(rows)} tests, {t1 - t0:.0f} s from the first start to the last end"]
+def summary(rows: list[Row], tail_s: float, top: int = 0) -> str:
+    t0, t1 = min(r.start for r in rows), max(r.end for r in rows)
+    cpu = sum(r.cpu_s for r in rows)
+    lines = [
+        f"{len(rows)} tests, {t1 - t0:.0f} s from the first start to the last end, "
+        f"{cpu:.0f} CPU-s in the tests and what they waited for"
+    ]
     by_worker: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
-    for worker, start, end, nodeid in rows:
+    for worker, start, end, nodeid, _ in rows:
         by_worker[worker].append((start, end, nodeid))
     for worker, tests in sorted(by_worker.items()):
         busy = sum(e - s for s, e, _ in tests)
@@ -33,8 +47,12 @@ def summary(rows: list[tuple[str, float, float, str]], tail_s: float) -> str:
         lines.append(
             f"  {worker}: {len(tests)} tests, busy {busy:.0f} s, done {t1 - last:.0f} s before the end"
         )
+    if top:
+        lines.append(f"the {top} tests that used the most CPU (CPU-s, wall s):")
+        for r in sorted(rows, key=lambda r: -r.cpu_s)[:top]:
+            lines.append(f"  {r.cpu_s:7.1f} {r.end - r.start:6.1f}  {r.nodeid}")
     lines.append(f"running in the last {tail_s:.0f} s (start and end from the first start):")
-    for worker, start, end, nodeid in sorted(rows, key=lambda r: r[1]):
+    for worker, start, end, nodeid, _ in sorted(rows, key=lambda r: r.start):
         if end > t1 - tail_s:
             lines.append(f"  {worker} {start - t0:7.1f} {end - t0:7.1f} {end - start:6.1f}  {nodeid}")
     return "\n".join(lines)
@@ -46,8 +64,9 @@ def main() -> None:
     )
     parser.add_argument("timeline", type=Path)
     parser.add_argument("--tail", type=float, default=180.0, help="seconds before the end to list (180)")
+    parser.add_argument("--top", type=int, default=15, help="how many of the most CPU-hungry tests to list")
     args = parser.parse_args()
-    print(summary(read(args.timeline), args.tail))
+    print(summary(read(args.timeline), args.tail, args.top))
 
 
 if __name__ == "__main__":

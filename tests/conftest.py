@@ -8,6 +8,7 @@ import fcntl
 import functools
 import os
 import random
+import resource
 import shutil
 import socket
 import subprocess
@@ -101,15 +102,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """With HEISENHUNT_TEST_TIMELINE set, each test's worker, start and end (epoch seconds) and id, one
-    line per test appended to that file: where a run's wall time went (scripts/test_timeline.py)."""
+    """With HEISENHUNT_TEST_TIMELINE set, each test's worker, start and end (epoch seconds), CPU seconds
+    and id, one line per test appended to that file: where a run's time went (scripts/test_timeline.py).
+    The CPU is the test process's and that of the processes it waited for (an orchestrator it ran);
+    servers started detached are reaped by others and not counted."""
     path = os.environ.get("HEISENHUNT_TEST_TIMELINE")
-    started = time.time()
+    started, cpu = time.time(), _cpu_s()
     yield
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
         with open(path, "a") as f:
-            f.write(f"{worker}\t{started:.2f}\t{time.time():.2f}\t{item.nodeid}\n")
+            f.write(f"{worker}\t{started:.2f}\t{time.time():.2f}\t{_cpu_s() - cpu:.2f}\t{item.nodeid}\n")
+
+
+def _cpu_s() -> float:
+    """User and system CPU seconds of this process and its reaped children."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
 
 
 @contextlib.contextmanager

@@ -29,20 +29,40 @@ def test_a_run_writes_a_line_per_test_and_the_script_sums_each_worker(tmp_path: 
     rows = timeline.read(path)
     assert len(rows) == 4 and {r[3].split("[")[0] for r in rows} == {target}
     assert {r[0] for r in rows} <= {"gw0", "gw1"} and all(r[1] <= r[2] for r in rows)
-    text = timeline.summary(rows, tail_s=600)
+    text = timeline.summary(rows, tail_s=600, top=2)
     assert text.startswith("4 tests, ")
+    assert "the 2 tests that used the most CPU" in text
     assert all(f"{worker}: " in text for worker in {r[0] for r in rows})
-    assert text.count(target) == 4  # every test ran in the last 600 s
+    assert text.split("running in the last")[1].count(target) == 4  # every test ran in the last 600 s
+
+
+def test_a_test_is_charged_the_cpu_of_the_processes_it_waited_for(tmp_path: Path):
+    path = tmp_path / "timeline.tsv"
+    target = (
+        "tests/test_fast_exit.py::test_the_process_ends_with_the_commands_status_and_nothing_it_said_is_lost"
+    )
+    env = {**os.environ, "HEISENHUNT_TEST_TIMELINE": str(path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", target],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    rows = timeline.read(path)
+    # each runs a python child to its end: its start-up alone is tens of milliseconds of CPU
+    assert rows and all(r.cpu_s >= 0.02 for r in rows), rows
 
 
 def test_the_summary_names_the_tests_of_the_last_minutes_and_each_workers_idle_end():
     rows = [
-        ("gw0", 100.0, 400.0, "tests/a.py::long"),
-        ("gw1", 100.0, 150.0, "tests/b.py::short"),
-        ("gw1", 150.0, 160.0, "tests/b.py::shorter"),
+        timeline.Row("gw0", 100.0, 400.0, "tests/a.py::long", 20.0),
+        timeline.Row("gw1", 100.0, 150.0, "tests/b.py::short", 45.0),
+        timeline.Row("gw1", 150.0, 160.0, "tests/b.py::shorter", 1.0),
     ]
-    text = timeline.summary(rows, tail_s=100)
-    assert "3 tests, 300 s from the first start to the last end" in text
+    text = timeline.summary(rows, tail_s=100, top=1)
+    assert "3 tests, 300 s from the first start to the last end, 66 CPU-s" in text
+    assert "the 1 tests that used the most CPU (CPU-s, wall s):\n     45.0   50.0  tests/b.py::short" in text
     assert "gw0: 1 tests, busy 300 s, done 0 s before the end" in text
     assert "gw1: 2 tests, busy 60 s, done 240 s before the end" in text
-    assert "tests/a.py::long" in text and "tests/b.py::short" not in text
+    tail = text.split("running in the last")[1]
+    assert "tests/a.py::long" in tail and "tests/b.py::short" not in tail
