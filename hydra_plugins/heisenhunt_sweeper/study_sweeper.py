@@ -131,11 +131,13 @@ class StudySweeper(BasicSweeper):
         """The study's runs so far, from the tracking store (an adaptive design's evidence)."""
         import os
 
+        assert self.config is not None and self._design is not None
+        if not (self._design.adaptive and self._planned):
+            return []  # (MLflow not imported yet: a refused sweep says so a second or two sooner)
         from orchestrator.tracking.layout import PARENT_ENV
         from orchestrator.tracking.read import load_study
 
-        assert self.config is not None and self._design is not None
-        if not (self._design.adaptive and os.environ.get(PARENT_ENV) and self._planned):
+        if not os.environ.get(PARENT_ENV):
             return []
         return load_study(str(self.config.tracking.uri), self.study.name)[2]
 
