@@ -16,17 +16,22 @@ timeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(timeline)
 
 
-def test_a_run_writes_a_line_per_test_and_the_script_sums_each_worker(tmp_path: Path):
+def timeline_of(tmp_path: Path, target: str, workers: str) -> list:
+    """Run `target` in a pytest of its own on `workers` workers with the timeline on; its rows."""
     path = tmp_path / "timeline.tsv"
-    target = "tests/test_fast_exit.py::test_exit_code_is_pythons"
     env = {**os.environ, "HEISENHUNT_TEST_TIMELINE": str(path)}
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", target],
+        [sys.executable, "-m", "pytest", "-q", "-n", workers, "-p", "no:cacheprovider", target],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:]
-    rows = timeline.read(path)
+    return timeline.read(path)
+
+
+def test_a_run_writes_a_line_per_test_and_the_script_sums_each_worker(tmp_path: Path):
+    target = "tests/test_fast_exit.py::test_exit_code_is_pythons"
+    rows = timeline_of(tmp_path, target, "2")
     assert len(rows) == 4 and {r[3].split("[")[0] for r in rows} == {target}
     assert {r[0] for r in rows} <= {"gw0", "gw1"} and all(r[1] <= r[2] for r in rows)
     text = timeline.summary(rows, tail_s=600, top=2)
@@ -37,18 +42,10 @@ def test_a_run_writes_a_line_per_test_and_the_script_sums_each_worker(tmp_path: 
 
 
 def test_a_test_is_charged_the_cpu_of_the_processes_it_waited_for(tmp_path: Path):
-    path = tmp_path / "timeline.tsv"
     target = (
         "tests/test_fast_exit.py::test_the_process_ends_with_the_commands_status_and_nothing_it_said_is_lost"
     )
-    env = {**os.environ, "HEISENHUNT_TEST_TIMELINE": str(path)}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", target],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:]
-    rows = timeline.read(path)
+    rows = timeline_of(tmp_path, target, "0")
     # each runs a python child to its end: its start-up alone is tens of milliseconds of CPU
     assert rows and all(r.cpu_s >= 0.02 for r in rows), rows
 

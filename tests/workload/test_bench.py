@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,19 +170,21 @@ def test_response_without_usage_is_counted_not_estimated(sim_url: str):
     assert "client may have been the bottleneck" not in table
 
 
+# one level of short requests for a fixed time (the url is the sim's, given per test)
+DURATION_LEVEL = BenchConfig(
+    url="",
+    concurrency_levels=(4,),
+    duration_s=0.6,
+    input_len=8,
+    output_len=16,
+    model="sim-model",
+    warmup_requests=1,
+    timeout_s=30,
+)
+
+
 def test_duration_mode_keeps_the_loop_closed_until_the_deadline(sim_url: str):
-    result = run_bench_sync(
-        BenchConfig(
-            url=sim_url,
-            concurrency_levels=(4,),
-            duration_s=0.6,
-            input_len=8,
-            output_len=16,
-            model="sim-model",
-            warmup_requests=1,
-            timeout_s=30,
-        )
-    )
+    result = run_bench_sync(replace(DURATION_LEVEL, url=sim_url))
     level = result.levels[0]
     assert level.errors == 0
     assert level.requests > 4  # the workers went round more than once
@@ -264,16 +267,7 @@ def test_a_level_measured_beside_busy_loops_is_client_bound_and_says_why(sim_url
     """The CI failure this audit came from: a throughput sweep measured while other work held the CPUs
     read as the arm's 10% regression. Two busy loops per CPU beside the sim and the client: the level's
     tok/s are the host's, so the sweep must refuse a verdict and name the contention."""
-    config = BenchConfig(
-        url=sim_url,
-        concurrency_levels=(8,),
-        duration_s=1.5,
-        input_len=8,
-        output_len=16,
-        model="sim-model",
-        warmup_requests=0,
-        timeout_s=30,
-    )
+    config = replace(DURATION_LEVEL, url=sim_url, concurrency_levels=(8,), duration_s=1.5, warmup_requests=0)
     with cpu_hogs(2):
         result = run_bench_sync(config)
     warnings = result.levels[0].warnings
