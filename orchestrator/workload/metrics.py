@@ -152,9 +152,8 @@ def audit_warnings(
 
     Lines start with `client:` (the client, or its host, may have been the bottleneck) or `usage:`
     (tokens are undercounted): either way the report must not give a throughput verdict on that level.
-    A `timing:`
-    line says latency figures (TTFT, ITL) may be late by up to the loop lag; the client still held the
-    target concurrency, so tok/s stands.
+    A `timing:` line says latency figures (TTFT, ITL) may be late by up to the loop lag; the client still
+    held the target concurrency, so tok/s stands.
     """
     out = []
     if not math.isnan(achieved) and achieved < thresholds.min_concurrency_ratio * target:

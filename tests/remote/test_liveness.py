@@ -62,23 +62,21 @@ def test_parse_a_look_with_and_without_a_leader():
         parse_group_look(f"KNOWN\n3\n0\nS Ss\nT {STARTED}\n")
 
 
+def look_at(pgid: int) -> GroupLook:
+    """The look, run by a real shell on this host."""
+    command = ["sh", "-c", liveness_command(pgid)]
+    return parse_group_look(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+
 def test_the_look_runs_in_a_shell_and_sees_a_live_group_then_a_gone_one():
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        look = parse_group_look(
-            subprocess.run(
-                ["sh", "-c", liveness_command(child.pid)], capture_output=True, text=True, check=True
-            ).stdout
-        )
+        look = look_at(child.pid)
         assert look.kernel_knows and look.kernel_knows_after and look.live == 1, look
         assert judge_liveness(look) is Liveness.ALIVE
     finally:
         child.kill()
         child.wait()
     time.sleep(0.05)
-    look = parse_group_look(
-        subprocess.run(
-            ["sh", "-c", liveness_command(child.pid)], capture_output=True, text=True, check=True
-        ).stdout
-    )
+    look = look_at(child.pid)
     assert judge_liveness(look) is Liveness.GONE, look
