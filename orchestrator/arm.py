@@ -414,10 +414,12 @@ def host_checks(plan: ArmPlan, transports: Mapping[str, Transport], tracker: Tra
     """The hosts check the arm (again: a host may have changed since the sweep began) and say what
     they run, before anything is restarted. Returns what each factor-set flag must read on the running
     servers (`confirm_running_args`)."""
-    expected = check_arm_on_hosts(plan, transports)
+    expected, identities = check_arm_on_hosts(plan, transports)
     for role in SERVER_ROLES:
         host = plan.roles[role].host
-        info = host_provenance(transports[role], host.python, host.server_checkout)
+        info = host_provenance(
+            transports[role], host.python, host.server_checkout, identity=identities.get(role)
+        )
         tracker.log_provenance(role, dataclasses.asdict(info))
     return expected
 

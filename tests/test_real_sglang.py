@@ -157,7 +157,7 @@ def test_flags_and_version_against_the_real_parser(real_sglang_python, compose_c
         plan("deployment.sglang_version='==0.5.17'"),
     ]
     local = LocalTransport()
-    found, _ = check_arms(plans, {"prefill": local, "decode": local})  # one probe for the four arms
+    found = check_arms(plans, {"prefill": local, "decode": local}).problems  # one probe for the four arms
     problems = [[message for index, message in found if index == i] for i in range(len(plans))]
     assert problems[0] == []
     (ambiguous,) = problems[1]

@@ -118,12 +118,16 @@ def liveness_command(pgid: int) -> str:
         f"k=$(LC_ALL=C kill -0 -{g} 2>&1) && echo KNOWN || "
         f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}'
     )
-    return (
-        f"{kernel}; "
-        f"ps -e -o pgid=,stat= | awk '$1 == {g} {{ if ($2 ~ /^Z/) z++; else l++ }} "
-        f"END {{ print l + 0; print z + 0 }}'; "
-        f'echo "S $(ps -o stat= -p {g})"; echo "T $(ps -o lstart= -p {g})"; {kernel}; true'
+    # one `ps` of every process: the group's members, and the leader's state and start time (the rest of
+    # its line from the weekday on: `ps -o lstart=` pads the day of the month, "Dec  4", and the pid file
+    # records it so)
+    members = (
+        f"ps -e -o pid=,pgid=,stat=,lstart= | awk '"
+        f"$2 == {g} {{ if ($3 ~ /^Z/) z++; else l++ }} "
+        f"$1 == {g} {{ s = $3; t = substr($0, index($0, \" \" $4) + 1) }} "
+        f'END {{ print l + 0; print z + 0; print "S " s; print "T " t }}\''
     )
+    return f"{kernel}; {members}; {kernel}; true"
 
 
 def parse_group_look(stdout: str) -> GroupLook:
@@ -258,21 +262,29 @@ class Transport(ABC):
         leader is that process and not a recycled pid)."""
         return self.group_liveness(pgid, started_at) is Liveness.ALIVE
 
-    def stop_group(self, pgid: int, grace_s: float = 10.0, poll_s: float = 0.1, started_at: str = "") -> bool:
+    def stop_group(
+        self,
+        pgid: int,
+        grace_s: float = 10.0,
+        poll_s: float = 0.1,
+        started_at: str = "",
+        seen_alive: bool = False,
+    ) -> bool:
         """TERM the process group, wait up to `grace_s`, then KILL. Returns True if it had to KILL. Only a
         group the kernel says is gone ends the wait early (`group_liveness`): a look that merely missed
-        it cannot skip the KILL."""
+        it cannot skip the KILL. `seen_alive`: the caller has just looked and found the group alive (and
+        its leader ours), so it is not looked at again before the TERM."""
         pgid = int(pgid)
         if pgid <= 1:
             raise ValueError(f"refusing to signal process group {pgid}")
-        if started_at and not self.group_alive(pgid, started_at):
+        if started_at and not seen_alive and not self.group_alive(pgid, started_at):
             return False  # gone, or its pid now names another process: nothing of ours to signal
         self.run_again(f"kill -TERM -{pgid} {pgid} 2>/dev/null; true", timeout=15.0)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
+            time.sleep(poll_s)  # a look right after the TERM would find it still running
             if not self.group_alive(pgid, started_at):
                 return False
-            time.sleep(poll_s)
         self.run_again(f"kill -KILL -{pgid} {pgid} 2>/dev/null; true", timeout=15.0)
         kill_deadline = time.monotonic() + 5.0
         while self.group_alive(pgid, started_at) and time.monotonic() < kill_deadline:

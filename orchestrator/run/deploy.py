@@ -126,7 +126,9 @@ class Deployment:
             pid, started_at = self.started[role], self.started_at.get(role, "")
         if pid and self._is_ours(role, pid, started_at) and transport.group_alive(pid, started_at):
             self.on_event(f"stopping {role} (pgid {pid})")
-            killed = transport.stop_group(pid, grace_s=self.plan.stop_grace_s, started_at=started_at)
+            killed = transport.stop_group(
+                pid, grace_s=self.plan.stop_grace_s, started_at=started_at, seen_alive=True
+            )
             if killed:
                 log.warning("%s did not stop within %ss of SIGTERM; killed", role, self.plan.stop_grace_s)
         transport.run_shell(f"rm -f {shlex.quote(pid_file)}", timeout=15.0)
@@ -211,12 +213,17 @@ class Deployment:
             self.startup_s[role] = healthy[role]
             self.on_event(f"{role} healthy after {healthy[role]:.1f}s")
 
-    def wait_healthy(self, launched: Mapping[str, float], poll_s: float = 0.25) -> dict[str, float]:
+    def wait_healthy(
+        self, launched: Mapping[str, float], poll_s: float = 0.25, look_s: float = 1.0
+    ) -> dict[str, float]:
         """Poll each launched role's health URL until it answers 200; returns seconds from launch to
-        healthy per role. DeployError for the first role that exits or passes its start-up timeout."""
+        healthy per role. DeployError for the first role that exits or passes its start-up timeout.
+        Whether a role still runs is looked at every `look_s`, not at every poll: a look is a few
+        processes on its host (an SSH round trip on a remote one), a health poll one HTTP request."""
         pending = dict(launched)
         healthy: dict[str, float] = {}
         last = dict.fromkeys(pending, "no answer yet")
+        looked = dict(launched)  # when each role was last looked at (its launch, the first time)
         while pending:
             for role, t0 in list(pending.items()):
                 plan = self.plan.roles[role]
@@ -225,10 +232,14 @@ class Deployment:
                     healthy[role] = time.monotonic() - t0
                     del pending[role]
                     continue
+                timed_out = time.monotonic() - t0 > plan.startup_timeout_s
+                if time.monotonic() - looked[role] < look_s and not timed_out:
+                    continue
+                looked[role] = time.monotonic()
                 if not self.alive(role):
                     reason = f"exited before becoming healthy ({plan.health_url}: {last[role]})"
                     raise DeployError(role, reason, self.log_tail(role))
-                if time.monotonic() - t0 > plan.startup_timeout_s:
+                if timed_out:
                     raise DeployError(
                         role,
                         f"not healthy within {plan.startup_timeout_s:.0f}s ({plan.health_url}: {last[role]})",

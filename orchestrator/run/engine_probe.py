@@ -9,7 +9,7 @@ the env names an engine reads, e.g. the simulator's), "argvs": [[flags...], ...]
 "backends": bool (check that each PD argv's transfer backend imports), "list_known": bool (answer every
 name the engine reads as "env_known")}.
 
-Answer: {"sglang": version or null, "parser": "ok" | "absent", "parser_detail": str, "argvs": [verdict per
+Answer: {"sglang": version or null, "hostname": str, "python": the interpreter's version, "parser": "ok" | "absent", "parser_detail": str, "argvs": [verdict per
 argv], "env": {name: {"read_in": "registry" | "deprecated" | a source path | "", "nearest": [names]}},
 "env_scanned": what was searched, "backends": {name: {"module": str, "error": str}}}. A verdict is
 {"status": "ok" | "refused", "detail": str, "abbreviated": {word: [full flags]}, "deprecated": [flags],
@@ -28,7 +28,9 @@ import importlib.metadata
 import inspect
 import json
 import os
+import platform
 import re
+import socket
 import sys
 
 # the modules each transfer backend imports when its KV manager starts (sglang/srt/disaggregation, 0.5.23)
@@ -173,6 +175,8 @@ def judge_backend(name):
 
 def main(request):
     answer = {"sglang": sglang_version(), "parser": "ok", "parser_detail": "", "argvs": [], "env": {}}
+    # what ran where (the arm's provenance), from this same interpreter start
+    answer["hostname"], answer["python"] = socket.gethostname(), platform.python_version()
     answer["env_scanned"], answer["backends"] = "", {}
     try:
         parser = build_parser(request["parser"])

@@ -24,6 +24,7 @@ with shlex; judging its output is pure.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
@@ -31,7 +32,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.specifiers import SpecifierSet
 
@@ -232,6 +233,25 @@ class RoleJudgement:
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     expected: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # the host as the probe's interpreter saw it (None: no probe ran for this role)
+    identity: HostIdentity | None = None
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """Which host, python and sglang a role runs on: from the engine probe's answer where one ran (the
+    same interpreter start), else from `host_provenance`'s own."""
+
+    hostname: str
+    python_version: str
+    sglang_version: str | None
+
+    @classmethod
+    def from_probe(cls, answer: Mapping[str, Any]) -> HostIdentity | None:
+        """None for an answer without it (a probe of an older heisenhunt on the host's path)."""
+        if "hostname" not in answer:
+            return None
+        return cls(str(answer["hostname"]), str(answer["python"]), answer.get("sglang") or None)
 
 
 def _set_by(plan: ArmPlan, role: str, kind: str, name: str) -> str:
@@ -366,8 +386,10 @@ def judge_on_hosts(
         t, rp = transports[role], plan.roles[role]
         answer = run_probe(t, rp.host.python, probe_request(pairs), env=_probe_env(rp.env))
         verdicts = answer.get("argvs") or [{} for _ in indices]
+        identity = HostIdentity.from_probe(answer)
         for i, verdict in zip(indices, verdicts, strict=True):
-            judgements[i] = judge_role(items[i][0], items[i][1], t.host, rp.host.python, answer, verdict)
+            judged = judge_role(items[i][0], items[i][1], t.host, rp.host.python, answer, verdict)
+            judgements[i] = dataclasses.replace(judged, identity=identity)
     return [j or RoleJudgement() for j in judgements]
 
 
@@ -436,18 +458,29 @@ _IDENTITY = (
 )
 
 
-def host_provenance(
-    t: Transport, python: str, server_checkout: str | None = None, nvidia_smi: str = "nvidia-smi"
-) -> HostProvenance:
-    """Hostname, python and sglang versions, checkout SHA and dirty state, GPU memory in use."""
+def host_identity(t: Transport, python: str) -> HostIdentity:
+    """Hostname, python and sglang versions, in one interpreter start of its own."""
     hostname, python_version, *version = _run_python(t, python, _IDENTITY, timeout=60.0).splitlines()
+    return HostIdentity(hostname, python_version, "".join(version).strip() or None)
+
+
+def host_provenance(
+    t: Transport,
+    python: str,
+    server_checkout: str | None = None,
+    nvidia_smi: str = "nvidia-smi",
+    identity: HostIdentity | None = None,
+) -> HostProvenance:
+    """Hostname, python and sglang versions, checkout SHA and dirty state, GPU memory in use. `identity`:
+    the host as the arm's engine probe saw it already (else asked here)."""
+    identity = identity or host_identity(t, python)
     git = git_provenance(t, server_checkout) if server_checkout else {"sha": None, "dirty": None}
     gpus = gpu_memory_used(t, nvidia_smi)
     return HostProvenance(
         host=t.host,
-        hostname=hostname,
-        python_version=python_version,
-        sglang_version="".join(version).strip() or None,
+        hostname=identity.hostname,
+        python_version=identity.python_version,
+        sglang_version=identity.sglang_version,
         checkout_sha=git["sha"],
         checkout_dirty=git["dirty"],
         gpu_memory_used_mib=tuple(gpus) if gpus is not None else None,
@@ -486,16 +519,24 @@ def module_refusals(plan: ArmPlan, role: str, host: str, check: CommandResult) -
     return [f"{refused}: {output[-3000:]}"]
 
 
-def check_arms(
-    plans: Sequence[ArmPlan], transports: Mapping[str, Transport]
-) -> tuple[list[tuple[int, str]], list[Expected]]:
+class ArmsChecked(NamedTuple):
+    """`check_arms`' answer: the problems as (arm index, message), and per arm the expected server args
+    and each role's host identity (where a probe ran)."""
+
+    problems: list[tuple[int, str]]
+    expected: list[Expected]
+    identities: list[dict[str, HostIdentity]]
+
+
+def check_arms(plans: Sequence[ArmPlan], transports: Mapping[str, Transport]) -> ArmsChecked:
     """Every server role of every arm (all on one set of hosts) judged by its host: flags, engine env
-    names, transfer backend, engine version, and the deployment's preflight module. Returns (problems as
-    (arm index, message), the expected server args per arm). Touches no running server."""
+    names, transfer backend, engine version, and the deployment's preflight module. Touches no running
+    server."""
     items = [(plan, role) for plan in plans for role in SERVER_ROLES]
     judged = judge_on_hosts(items, transports)
     problems: list[tuple[int, str]] = []
     expected: list[Expected] = [{} for _ in plans]
+    identities: list[dict[str, HostIdentity]] = [{} for _ in plans]
     # the module runs once per host, python and env: arms whose role env is the same share its answer
     modules: dict[tuple, CommandResult] = {}
     for n, ((plan, role), judgement) in enumerate(zip(items, judged, strict=True)):
@@ -511,16 +552,21 @@ def check_arms(
             found = module_refusals(plan, role, t.host, modules[key])
         problems += [(index, p) for p in found]
         expected[index][role] = judgement.expected
-    return problems, expected
+        if judgement.identity:
+            identities[index][role] = judgement.identity
+    return ArmsChecked(problems, expected, identities)
 
 
-def check_arm_on_hosts(plan: ArmPlan, transports: Mapping[str, Transport]) -> Expected:
+def check_arm_on_hosts(
+    plan: ArmPlan, transports: Mapping[str, Transport]
+) -> tuple[Expected, dict[str, HostIdentity]]:
     """The arm checked by its server hosts (`check_arms`); raises PreflightError with every refusal.
-    Returns what each factor-set flag must read on the running server (`confirm_server_args`)."""
-    problems, expected = check_arms([plan], transports)
-    if problems:
-        raise PreflightError("; ".join(message for _, message in problems))
-    return expected[0]
+    Returns what each factor-set flag must read on the running server (`confirm_server_args`), and the
+    identity of each role's host where its probe told it."""
+    checked = check_arms([plan], transports)
+    if checked.problems:
+        raise PreflightError("; ".join(message for _, message in checked.problems))
+    return checked.expected[0], checked.identities[0]
 
 
 def member_groups(planned: Sequence[tuple[str, ArmPlan]]) -> list[list[tuple[str, ArmPlan]]]:
@@ -555,7 +601,7 @@ def check_member(
         return [(f"cluster of {first.roles['decode'].host.address}: {e}", "")]
     try:
         arms = distinct_arms(jobs)
-        found, _ = check_arms([plan for _, plan in arms], transports)
+        found = check_arms([plan for _, plan in arms], transports).problems
         return [(message, arms[index][0]) for index, message in found]
     except (PreflightError, TransportError) as e:
         return [(str(e), jobs[0][0])]
