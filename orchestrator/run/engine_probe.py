@@ -9,8 +9,9 @@ the env names an engine reads, e.g. the simulator's), "argvs": [[flags...], ...]
 "backends": bool (check that each PD argv's transfer backend imports), "list_known": bool (answer every
 name the engine reads as "env_known")}.
 
-Answer: {"sglang": version or null, "hostname": str, "python": the interpreter's version, "parser": "ok" | "absent", "parser_detail": str, "argvs": [verdict per
-argv], "env": {name: {"read_in": "registry" | "deprecated" | a source path | "", "nearest": [names]}},
+Answer: {"sglang": version or null, "hostname": str, "python": the interpreter's version, "parser":
+"ok" | "absent", "parser_detail": str, "argvs": [verdict per argv], "env": {name: {"read_in": "registry" |
+"deprecated" | a source path | "", "nearest": [names]}},
 "env_scanned": what was searched, "backends": {name: {"module": str, "error": str}}}. A verdict is
 {"status": "ok" | "refused", "detail": str, "abbreviated": {word: [full flags]}, "deprecated": [flags],
 "parsed": {flag: [dest, value]}}: what each given flag set in the parser's namespace, so the running
