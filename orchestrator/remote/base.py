@@ -124,7 +124,7 @@ def liveness_command(pgid: int) -> str:
     members = (
         f"ps -e -o pid=,pgid=,stat=,lstart= | awk '"
         f"$2 == {g} {{ if ($3 ~ /^Z/) z++; else l++ }} "
-        f"$1 == {g} {{ s = $3; t = substr($0, index($0, \" \" $4) + 1) }} "
+        f'$1 == {g} {{ s = $3; t = substr($0, index($0, " " $4) + 1) }} '
         f'END {{ print l + 0; print z + 0; print "S " s; print "T " t }}\''
     )
     return f"{kernel}; {members}; {kernel}; true"
