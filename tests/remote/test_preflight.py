@@ -14,12 +14,15 @@ from conftest import SshServer
 from orchestrator.remote import LocalTransport, Transport, make_transport
 from orchestrator.run.preflight import (
     FlagError,
+    HostIdentity,
     PreflightError,
     flag_error_from_argparse,
     git_provenance,
     gpu_memory_used,
+    host_identity,
     host_provenance,
     parse_gpu_memory,
+    run_probe,
     sglang_version,
     split_launch,
     validate_sglang_flags,
@@ -267,3 +270,20 @@ def test_host_provenance(host: Transport, tmp_path: Path) -> None:
     assert prov.checkout_sha is None
     params = prov.as_params("prefill")
     assert params["prefill.sglang_version"] == "0.5.23" and "prefill.gpu_memory_used_mib" in params
+
+
+def test_the_engine_probe_tells_the_hosts_identity_so_an_arm_asks_once(
+    host: Transport, tmp_path: Path
+) -> None:
+    """The arm's provenance comes from its engine probe's answer (the same interpreter start): what the
+    separate identity start would say, and with it given no interpreter is started for provenance."""
+    python = _fake_host_python(tmp_path, "0.5.23")
+    answer = run_probe(host, python, {"parser": "no_such_engine.args:parser", "argvs": []})
+    identity = HostIdentity.from_probe(answer)
+    assert identity == host_identity(host, python)
+    assert identity.sglang_version == "0.5.23"
+    # an interpreter that is not there: only the separate start would find out
+    gone = str(tmp_path / "no-python")
+    assert host_provenance(host, gone, identity=identity).hostname == identity.hostname
+    with pytest.raises(PreflightError, match="not found"):
+        host_provenance(host, gone)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.remote.base import Transport, TransportError
+from orchestrator.remote.base import Liveness, Transport, TransportError, liveness_command, parse_group_look
 
 HOSTILE = {
     "SUBST": "$(touch {pwned})",
@@ -164,6 +164,10 @@ class TransportContract:
             assert len(_pgid_members(pid)) == 2
             assert transport.read_text_tail(str(log)).startswith("up")
             assert transport.is_alive(pid) and transport.group_alive(pid)
+            # the look reads the leader's start as the pid file has it (padded day of the month and all)
+            look = parse_group_look(transport.run_shell(liveness_command(pid)).stdout)
+            assert (look.leader_started, look.live, look.zombies) == (started, 2, 0)
+            assert transport.group_liveness(pid, started) is Liveness.ALIVE
             assert transport.stop_group(pid, grace_s=10) is False  # TERM was enough
             assert _pgid_members(pid) == []
             assert not transport.is_alive(pid) and not transport.group_alive(pid)
