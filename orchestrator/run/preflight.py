@@ -248,7 +248,7 @@ class HostIdentity:
 
     @classmethod
     def from_probe(cls, answer: Mapping[str, Any]) -> HostIdentity | None:
-        """None for an answer without it (a probe of an older heisenhunt on the host's path)."""
+        """None for an answer that does not say (a probe that could not tell)."""
         if "hostname" not in answer:
             return None
         return cls(str(answer["hostname"]), str(answer["python"]), answer.get("sglang") or None)
