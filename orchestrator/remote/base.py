@@ -118,13 +118,13 @@ def liveness_command(pgid: int) -> str:
         f"k=$(LC_ALL=C kill -0 -{g} 2>&1) && echo KNOWN || "
         f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}'
     )
-    # one `ps` of every process: the group's members, and the leader's state and start time (the rest of
-    # its line from the weekday on: `ps -o lstart=` pads the day of the month, "Dec  4", and the pid file
-    # records it so)
+    # one `ps` of every process: the group's members, and the leader's state and start time (its line
+    # past the first three fields, spaces kept: `ps -o lstart=` pads the day of the month, "Dec  4", and
+    # the pid file records it so)
     members = (
         f"ps -e -o pid=,pgid=,stat=,lstart= | awk '"
         f"$2 == {g} {{ if ($3 ~ /^Z/) z++; else l++ }} "
-        f'$1 == {g} {{ s = $3; t = substr($0, index($0, " " $4) + 1) }} '
+        f'$1 == {g} {{ s = $3; t = $0; sub(/^ *[^ ]+ +[^ ]+ +[^ ]+ +/, "", t) }} '
         f'END {{ print l + 0; print z + 0; print "S " s; print "T " t }}\''
     )
     return f"{kernel}; {members}; {kernel}; true"

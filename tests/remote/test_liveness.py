@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -80,3 +81,30 @@ def test_the_look_runs_in_a_shell_and_sees_a_live_group_then_a_gone_one():
     time.sleep(0.05)
     look = look_at(child.pid)
     assert judge_liveness(look) is Liveness.GONE, look
+
+
+@pytest.mark.parametrize(
+    "started",
+    [
+        "Fri Dec  4 16:08:17 2026",  # `ps -o lstart=` in the C locale: the day of the month padded
+        "4 Dez  2026 10:00:00",  # a start time that leads with a number (as a localized one might)
+    ],
+)
+def test_the_look_reads_the_leaders_start_whole_from_one_ps_line(
+    started: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look's one `ps -e` line of the leader is pid, pgid, state, then the start time with its own
+    spaces: the start is what follows the third field, spaces kept, whatever it begins with (a start
+    that leads with digits must not be matched inside the pid or pgid columns). A `ps` shim on the PATH
+    prints the line: an honest fake of `ps`'s format, which the real `ps` of this machine cannot vary."""
+    g = 4242
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "ps").write_text(
+        f"#!/bin/sh\nprintf '  {g}  {g} Ss   {started}\\n  4243  {g} S    {started}\\n'\n"
+    )
+    (shim / "ps").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    look = look_at(g)
+    assert (look.leader_started, look.leader_state, look.live, look.zombies) == (started, "Ss", 2, 0)
+    assert judge_liveness(look, started) is Liveness.ALIVE
