@@ -7,7 +7,8 @@ Request: {"parser": "module:attr" (sglang's `ServerArgs.add_cli_args`, or a pars
 "registry": null (the host's sglang: its env registry, then its source) or "module:attr" (an iterable of
 the env names an engine reads, e.g. the simulator's), "argvs": [[flags...], ...], "env": [names],
 "backends": bool (check that each PD argv's transfer backend imports), "list_known": bool (answer every
-name the engine reads as "env_known")}.
+name the engine reads as "env_known")}. A request without "parser" asks only what ran where: the
+answer's first three fields.
 
 Answer: {"sglang": version or null, "hostname": str, "python": the interpreter's version, "parser":
 "ok" | "absent", "parser_detail": str, "argvs": [verdict per argv], "env": {name: {"read_in": "registry" |
@@ -174,10 +175,15 @@ def judge_backend(name):
     return {"module": module, "error": ""}
 
 
+def identity():
+    """What ran where (an arm's provenance): the engine's version, the host's name, this python's."""
+    return {"sglang": sglang_version(), "hostname": socket.gethostname(), "python": platform.python_version()}
+
+
 def main(request):
-    answer = {"sglang": sglang_version(), "parser": "ok", "parser_detail": "", "argvs": [], "env": {}}
-    # what ran where (the arm's provenance), from this same interpreter start
-    answer["hostname"], answer["python"] = socket.gethostname(), platform.python_version()
+    if "parser" not in request:
+        return identity()
+    answer = {**identity(), "parser": "ok", "parser_detail": "", "argvs": [], "env": {}}
     answer["env_scanned"], answer["backends"] = "", {}
     try:
         parser = build_parser(request["parser"])

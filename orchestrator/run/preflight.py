@@ -202,10 +202,14 @@ def engine_env_names(env: Mapping[str, str]) -> list[str]:
 
 
 def run_probe(
-    t: Transport, python: str, request: Mapping[str, Any], env: Mapping[str, str] | None = None
+    t: Transport,
+    python: str,
+    request: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
 ) -> dict[str, Any]:
     """The engine probe's answer (orchestrator/run/engine_probe.py) from the host's `python`, with `env`."""
-    out = _run_python(t, python, _PROBE_SOURCE, [json.dumps(request)], env=env, timeout=300.0)
+    out = _run_python(t, python, _PROBE_SOURCE, [json.dumps(request)], env=env, timeout=timeout)
     try:
         return json.loads(out.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError) as e:
@@ -452,16 +456,14 @@ class HostProvenance:
         }
 
 
-# hostname, python version, then the sglang version: one interpreter start for the three
-_IDENTITY = (
-    "import platform, socket; print(socket.gethostname()); print(platform.python_version())\n" + _VERSION
-)
-
-
 def host_identity(t: Transport, python: str) -> HostIdentity:
-    """Hostname, python and sglang versions, in one interpreter start of its own."""
-    hostname, python_version, *version = _run_python(t, python, _IDENTITY, timeout=60.0).splitlines()
-    return HostIdentity(hostname, python_version, "".join(version).strip() or None)
+    """Hostname, python and sglang versions: the engine probe asked only that, in an interpreter start of
+    its own (where no probe of the arm ran)."""
+    answer = run_probe(t, python, {}, timeout=60.0)  # as long as the identity's own script had
+    identity = HostIdentity.from_probe(answer)
+    if identity is None:
+        raise PreflightError(f"on {t.host}: the engine probe did not say what ran where: {answer!r}"[:600])
+    return identity
 
 
 def host_provenance(
