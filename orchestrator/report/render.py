@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis.cost import FIGURES
 from orchestrator.analysis.result import (
     Arm,
     Cell,
@@ -503,7 +504,9 @@ def gpu_time_section(block: Cost | None) -> list[str]:
     if not block:
         return []
     m = block.model
-    sources = "; ".join(f"{k} from {v}" for k, v in m.sources.items())
+    # in the model's order, not the mapping's: report.json keeps its keys sorted, and the report rebuilt
+    # from it must read as the one written
+    sources = "; ".join(f"{k} from {m.sources[k]}" for k in FIGURES if k in m.sources)
     sentence = (
         f"{block.gpu_hours:.2f} GPU hours: {block.starts} server starts, {block.sessions} sessions, "
         f"{duration(block.wall_s)} of servers held on {m.gpus} GPU(s)"
