@@ -57,6 +57,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from orchestrator.run.progress import ArmProgress, progress_dir, read_progress  # noqa: E402
+from tests import warm  # noqa: E402
 from tests.conftest import (  # noqa: E402
     free_port,
     local_cluster_overrides,
@@ -207,14 +208,15 @@ class Sandbox:
 
     def start(self, argv: list[str], log: Path) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(
-            argv,
-            cwd=self.root,
-            env=self.env,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group: a fault to it is not one to the campaign
-        )
+        with log.open("w") as out:  # forked from a warm zygote where that runs it as exec would
+            proc = warm.popen(
+                argv,
+                cwd=self.root,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: a fault to it is not one to the campaign
+            )
         RUNNING.add(proc)
         return proc
 

@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from orchestrator.config.load import CONF_DIR, load_job
 from orchestrator.config.plan import ArmPlan, plan_arm
 from orchestrator.config.schema import JobConf
+from tests import warm
 
 _ISSUED: set[int] = set()
 # Ports are drawn below Linux's ephemeral range (32768-60999), where the kernel never hands out the local
@@ -337,7 +338,7 @@ def preflight_only(tmp_path: Path, *overrides: str, timeout: float = 240) -> sub
         f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
         f"hydra.sweep.dir={tmp_path}/multirun", *overrides,
     ]  # fmt: skip
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    proc = warm.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     ports = [int(o.split("=")[1]) for o in cluster if o.split("=")[0].endswith("port")]
     assert not any(listening(port) for port in ports)
     assert not any((tmp_path / role).exists() for role in ("prefill", "decode", "router"))

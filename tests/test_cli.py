@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.help import experiment_summary, one_line
+from tests import warm
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
@@ -27,7 +28,7 @@ def heisenhunt(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         f"hydra.sweep.dir={cwd}/multirun", f"report.dir={cwd}/reports",
         *(a for a in args if not a.startswith("-")),
     ]  # fmt: skip
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
+    return warm.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def user_conf(root: Path) -> str:

@@ -25,6 +25,7 @@ from orchestrator.report.console import (
     verdict_lines,
 )
 from orchestrator.run.progress import TERMINAL, ArmProgress, ProgressFile, progress_dir, read_progress
+from tests import warm
 from tests.conftest import local_cluster_overrides, seed_mlflow_store
 from tests.test_report import TYPED
 
@@ -213,9 +214,7 @@ def assert_ends_with_the_verdict(lines: list[str], tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_piped_study_prints_a_few_plain_lines_and_ends_with_the_verdict(tmp_path):
-    import subprocess
-
-    proc = subprocess.run(
+    proc = warm.run(
         study_argv(tmp_path), cwd=tmp_path, env=quiet_env(), capture_output=True, text=True, timeout=600
     )
     out = proc.stdout + proc.stderr
@@ -286,11 +285,10 @@ def test_ctrl_c_on_a_terminal_stops_the_live_display_cleanly_and_says_what_was_k
 def test_the_verbose_flag_brings_the_logs_back_to_the_terminal(tmp_path):
     """A dry run (nothing started) logs the default sweep it chose: to the sweep's log file, and to the
     terminal only with HEISENHUNT_VERBOSE=1."""
-    import subprocess
 
     def dry_run(env: dict[str, str]) -> str:
         argv = [*study_argv(tmp_path), "dry_run=true"]
-        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        proc = warm.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout + proc.stderr
 

@@ -4,10 +4,10 @@ no host contacted, no server started, no MLflow run or store."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from tests import warm
 from tests.conftest import local_cluster_overrides
 
 SECRET = "hf_dryrun_s3cret_value"
@@ -22,7 +22,7 @@ def _dry_run(tmp_path: Path, *overrides: str) -> str:
         f"hydra.sweep.dir={tmp_path}/multirun", "dry_run=true", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "HH_DRY_RUN_TOKEN": SECRET}
-    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = warm.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

@@ -29,6 +29,7 @@ from orchestrator.run.lease import (
     is_stale,
     release,
 )
+from tests import warm
 from tests.conftest import free_port, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
 
@@ -150,7 +151,7 @@ def test_two_studies_started_at_once_on_one_cluster_both_finish_and_leave_nothin
             f"report.dir={tmp_path}/{name}/reports",
             f"hydra.sweep.dir={tmp_path}/{name}/multirun",
         ]  # fmt: skip
-        procs[name] = subprocess.Popen(
+        procs[name] = warm.popen(
             argv, cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
     outs = {name: finish(proc, 600) for name, proc in procs.items()}

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests import warm
 from tests.conftest import free_port, seed_mlflow_store, sweep_logs
 from tests.test_study import finish, kill_if_running
 
@@ -85,7 +86,7 @@ class Study:
         argv = [sys.executable, "-m", "orchestrator", "-m", *base, *overrides]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("HEISENHUNT_PARENT_RUN_ID", None)
-        proc = subprocess.Popen(
+        proc = warm.popen(
             argv,
             cwd=self.root,
             env=env,

@@ -17,6 +17,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from tests import warm
 from tests.conftest import local_cluster_overrides, seed_mlflow_store
 
 SMALL = [
@@ -29,7 +30,7 @@ SMALL = [
 ]
 
 
-def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
+def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen | warm.WarmProcess:
     # Hydra's flags (-m, --cfg ...) must come before the overrides, or argparse refuses them
     flags = [o for o in overrides if o.startswith("-")]
     overrides = tuple(o for o in overrides if not o.startswith("-"))
@@ -45,7 +46,8 @@ def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen:
         *overrides,
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
+    # forked from a warm zygote where that runs it as exec would (tests/warm.py)
+    return warm.popen(
         argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )
 

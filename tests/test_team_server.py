@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests import warm
 from tests.conftest import POOL_MEMBERS, free_port, local_cluster_overrides, pool_overrides
 from tests.team_server import MlflowServer, postgres_bin, team_server
 from tests.test_study import finish, kill_if_running, no_servers_left
@@ -61,7 +62,7 @@ def sweep(
         "hydra.sweep.subdir=${hydra.job.num}", *extra,
     ]  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
+    return warm.popen(
         argv,
         cwd=root,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},

@@ -19,6 +19,7 @@ from orchestrator.remote.local import LocalTransport
 from orchestrator.run import pool
 from orchestrator.run.lease import Holder, HostLease, hosts_held
 from orchestrator.run.preflight import check_sweep_on_hosts
+from tests import warm
 from tests.conftest import POOL_MEMBERS as MEMBERS
 from tests.conftest import pool_overrides, seed_mlflow_store
 from tests.test_study import finish, no_servers_left
@@ -211,9 +212,7 @@ def test_outside_ray_an_arm_takes_the_member_a_study_by_hand_does_not_hold(tmp_p
         f"hydra.sweep.dir={tmp_path}/multirun",
     ]  # fmt: skip
     with hosts_held(leases, by_hand, LeaseConf(wait_s=5, poll_s=0.2, heartbeat_s=1)):
-        proc = subprocess.Popen(
-            argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        proc = warm.popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         out = finish(proc, 300)
         assert all((tmp_path / f"pd0-{role}" / "lease").is_dir() for role in ROLES)  # untouched
     assert proc.returncode == 0, out[-4000:]
