@@ -19,11 +19,9 @@ README stays a first-day page (under 150 lines, the two set-up commands verbatim
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import importlib.util
-import json
 import re
 import shlex
 import subprocess
@@ -34,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -347,78 +347,17 @@ def check_tool(words: list[str]) -> None:
 # --- runs --------------------------------------------------------------------------------------------
 
 
-# `python -m MODULE ...` runs fork from one interpreter per worker that has imported the heavy third-party
-# packages once: a cold start spends ~3.5 s of a ~5 s dry run importing them. Only third-party packages:
-# our own modules are imported by each run itself, as from a shell.
-WARM_IMPORTS = ("mlflow", "scipy.stats", "matplotlib", "hydra", "omegaconf", "sqlalchemy", "numpy")
-FORK_SERVER = r"""
-import atexit, importlib, json, logging, os, runpy, shutil, signal, sys, tempfile, traceback
-for name in sys.argv[1:]:
-    importlib.import_module(name)
-for request in sys.stdin:
-    job = json.loads(request)
-    # mkdtemp, not TemporaryDirectory: the child's exit handlers would remove the latter under the parent
-    tmp = tempfile.mkdtemp(prefix="heisenhunt-doc-run-")
-    out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-    pid = os.fork()
-    if pid == 0:
-        signal.alarm(job["timeout_s"])
-        for fd, path in ((1, out), (2, err)):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        code = 0
-        try:
-            sys.argv = [job["module"], *job["args"]]
-            runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-            if not isinstance(stop.code, (int, type(None))):
-                print(stop.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        atexit._run_exitfuncs()
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    answer = {"returncode": os.waitstatus_to_exitcode(status)}
-    for name, path in (("stdout", out), ("stderr", err)):
-        with open(path, errors="replace") as f:
-            answer[name] = f.read()
-    shutil.rmtree(tmp)
-    print(json.dumps(answer), flush=True)
-"""
-
-
-@functools.cache
-def fork_server() -> subprocess.Popen[str]:
-    server = subprocess.Popen(
-        [sys.executable, "-c", FORK_SERVER, *WARM_IMPORTS],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    atexit.register(server.kill)
-    return server
-
-
 @functools.cache
 def run_module(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-    """`python *argv` (`-m MODULE ...`) in the repo root, forked from the warm interpreter. Pages repeat
-    their key commands (the README's, again where a page explains them): each runs once per worker, and
+    """`python *argv` (`-m MODULE ...`) in the repo root, forked from the warm zygote where it can be
+    (tests/warm.py: a cold start spends ~3.5 s of a ~5 s dry run importing). Pages repeat their key
+    commands (the README's, again where a page explains them): each runs once per worker, and
     `xdist_group` sends the repeats to one worker."""
     assert argv[0] == "-m"
-    server = fork_server()
-    job = {"module": argv[1], "args": list(argv[2:]), "timeout_s": RUN_TIMEOUT_S}
-    server.stdin.write(json.dumps(job) + "\n")  # type: ignore[union-attr]
-    server.stdin.flush()  # type: ignore[union-attr]
-    answer = server.stdout.readline()  # type: ignore[union-attr]
-    assert answer, "the fork server died"
-    done = json.loads(answer)
-    return subprocess.CompletedProcess(list(argv), done["returncode"], done["stdout"], done["stderr"])
+    return warm.run(
+        [sys.executable, *argv], cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
 
 
 def run_python(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -49,7 +49,7 @@ def without_the_zygotes_frame(text: str) -> str:
         ["--help"],  # our help page: stdout, 0
         ["study.nme=x"],  # Hydra refuses a key: its message on stderr, 1
         ["tracking.uri=sqlite:///m.db", "--bogus"],  # our command-line check: 2
-        ["-m", "--cfg", "job", "factor/multi_stream=on,off"],  # Hydra prints the composed config
+        ["-m", "--cfg", "job", "factor/multi_stream=on,off"],  # Hydra's own error, with a traceback
     ],
     ids=["help", "unknown key", "bad flag", "cfg"],
 )
@@ -61,6 +61,17 @@ def test_a_warm_command_answers_as_the_cold_one(tmp_path: Path, monkeypatch, arg
         cold_run.stderr,
     )
     assert warm_run.stdout or warm_run.stderr
+
+
+def test_a_module_of_the_package_runs_warm_as_cold(tmp_path: Path, monkeypatch):
+    """`python -m orchestrator.study.rehearse` (the docs run such commands warm): a module the zygote has
+    imported runs anew as __main__, with the same seeded result."""
+    argv = [sys.executable, "-m", "orchestrator.study.rehearse", "+experiment=dsv4_corruption"]
+    argv += ["rehearse.studies=30", "rehearse.seed=3"]
+    warm_run, cold_run = both(argv, tmp_path, monkeypatch)
+    assert warm_run.returncode == cold_run.returncode == 0, warm_run.stderr[-2000:]
+    assert (warm_run.stdout, warm_run.stderr) == (cold_run.stdout, cold_run.stderr)
+    assert "H-multistream" in warm_run.stdout
 
 
 def test_a_dry_run_prints_the_same_plan_warm_and_cold(tmp_path: Path, monkeypatch):
@@ -86,7 +97,9 @@ def test_what_a_fork_cannot_reproduce_runs_cold(monkeypatch):
     assert warm.cold_reason(ORCH, {"env": {**env, "PYTHONPATH": "/elsewhere"}}, zygote_env)
     assert warm.cold_reason(ORCH, {"env": {**env, "MLFLOW_CONFIGURE_LOGGING": "true"}}, zygote_env)
     assert warm.cold_reason(ORCH, {"preexec_fn": print}, zygote_env)
-    assert warm.cold_reason([sys.executable, "-m", "orchestrator.sim.server"], {}, zygote_env)
+    assert warm.cold_reason([sys.executable, "-m", "pytest"], {}, zygote_env)
+    assert warm.cold_reason([sys.executable, "-c", "import orchestrator"], {}, zygote_env)
+    assert warm.cold_reason([sys.executable, "-m", "orchestrator.study.rehearse"], {}, zygote_env) is None
     # the orchestrator's own default for MLflow's logging is the zygote's, and unbuffered output is built
     assert warm.cold_reason(ORCH, {"env": {**env, "MLFLOW_CONFIGURE_LOGGING": "false"}}, zygote_env) is None
     assert warm.cold_reason(ORCH, {"env": {**env, "PYTHONUNBUFFERED": "1"}}, zygote_env) is None

@@ -1,4 +1,4 @@
-"""A warm start for the `python -m orchestrator` processes the tests start (test infrastructure only).
+"""A warm start for the `python -m orchestrator[.MODULE]` processes the tests start (test infrastructure).
 
 Why: a study's process spends about 3 CPU-s importing MLflow (3.17 imports its GenAI modules, pandas and
 FastAPI from `import mlflow`), SciPy, Hydra and matplotlib before its first line runs, and the suite and
@@ -7,8 +7,8 @@ the fault campaign start some two hundred of them on CI's two cores (docs/testin
 What: one process per test process, the "zygote" (`python -m tests.warm SOCKET`), imports those libraries
 once and then forks a child per request. The child becomes the command it is asked for: argv, working
 directory, environment, standard streams (their file descriptors are passed over the socket), a session
-of its own if asked, then it runs the orchestrator's `__main__` with runpy, as `python -m` does, and ends
-as the orchestrator ends (run/fast_exit.py). The pid a test holds is the orchestrator's own: signals, the
+of its own if asked, then it runs the module with runpy as `python -m` does, and ends as the command ends
+(the orchestrator's own end: run/fast_exit.py). The pid a test holds is the orchestrator's own: signals, the
 lease's holder, pid files and `ps` read as they do with exec. Its parent is the zygote, which reaps it
 and sends the exit status back.
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE = "orchestrator"
+PACKAGE = "orchestrator"  # `python -m` of it or of one of its modules
 # what a study's process imports that costs (measured with `python -X importtime`): the libraries, and the
 # orchestrator's own modules that import them, but not `orchestrator.__main__`, which runpy runs anew
 PRELOAD = (
@@ -104,8 +104,8 @@ def cold_reason(argv: Sequence[str], options: Mapping[str, Any], zygote_env: Map
     """Why this command must start cold, or None when a fork of the zygote runs it as exec would."""
     if os.environ.get(COLD_ENV, "").strip() not in ("", "0"):
         return f"{COLD_ENV} is set"
-    if list(argv[:3]) != [sys.executable, "-m", MODULE]:
-        return "not `python -m orchestrator` on this interpreter"
+    if len(argv) < 3 or list(argv[:2]) != [sys.executable, "-m"] or argv[2].split(".")[0] != PACKAGE:
+        return f"not `python -m {PACKAGE}[.MODULE]` on this interpreter"
     extra = set(options) - WARM_OPTIONS
     if extra:
         return f"Popen options {sorted(extra)}"
@@ -254,9 +254,13 @@ def _become(request: dict, fds: list[int], set_up: int) -> None:
     os.close(set_up)
     code = 1
     try:
-        # what `python -m` runs, in a __main__ module of its own (not the zygote's)
+        # what `python -m` runs, in a __main__ module of its own (not the zygote's), the module itself not
+        # imported yet (as from a shell: runpy would warn of a module preloaded here)
+        module = request["argv"][2]
         sys.modules["__main__"] = types.ModuleType("__main__")
-        runpy._run_module_as_main(MODULE)  # type: ignore[attr-defined]
+        if not hasattr(sys.modules.get(module), "__path__"):  # (a package runs its __main__, never preloaded)
+            sys.modules.pop(module, None)
+        runpy._run_module_as_main(module)  # type: ignore[attr-defined]
         code = 0
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
