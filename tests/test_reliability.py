@@ -120,7 +120,7 @@ class Study:
 
     def report_cli(self) -> dict:
         """Rebuild the report from MLflow alone with the report command; report.json's content."""
-        proc = subprocess.run(
+        proc = warm.run(
             [
                 sys.executable,
                 "-m",

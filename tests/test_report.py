@@ -18,6 +18,7 @@ from orchestrator.report.pipeline import StudyCallback
 from orchestrator.report.render import dumps, launch_command, render_markdown
 from orchestrator.tracking.write import ArmTracker
 from orchestrator.workload.results import BenchResult, LevelResult, Percentiles, SessionOutcome, StressSummary
+from tests import warm
 from tests.conftest import job_and_plan, seed_mlflow_store
 
 
@@ -474,7 +475,7 @@ def test_report_at_multirun_end_is_rebuilt_identically_from_mlflow(compose_cfg, 
 
 
 def test_report_cli_names_a_missing_study(tmp_path):
-    proc = subprocess.run(
+    proc = warm.run(
         [
             sys.executable,
             "-m",

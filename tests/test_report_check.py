@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +15,7 @@ from orchestrator.analysis import verdict_groups
 from orchestrator.analysis.result import to_json
 from orchestrator.report.check import disagreements
 from orchestrator.report.consistency import SHAPES, check_shape
+from tests import warm
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +123,11 @@ def test_the_cli_checks_report_files(tmp_path, dsv4_report):
     broken = copy.deepcopy(dsv4_report)
     broken["minimal_cause"]["arms"][0]["state"] = "clean"
     bad.write_text(json.dumps(broken))
-    ok = subprocess.run(
+    ok = warm.run(
         [sys.executable, "-m", "orchestrator.report", "--check", str(good)], capture_output=True, text=True
     )
     assert ok.returncode == 0 and "consistent" in ok.stdout
-    no = subprocess.run(
+    no = warm.run(
         [sys.executable, "-m", "orchestrator.report", "--check", str(good), str(bad)],
         capture_output=True,
         text=True,

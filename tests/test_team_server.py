@@ -75,7 +75,7 @@ def sweep(
 def rebuilt_report(root: Path, uri: str, study: str) -> dict:
     """The report command, from the server alone, into a folder of its own; report.json's content."""
     out = root / "rebuilt"
-    proc = subprocess.run(
+    proc = warm.run(
         [*REPORT_CLI, "--tracking-uri", uri, "--study", study, "--out", str(out), "--no-plots"],
         cwd=root,
         capture_output=True,
