@@ -909,7 +909,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=1, help="episodes at once (each in its own sandbox)")
     ap.add_argument("--sweeps", type=int, default=4, help="per study: the first and up to N-1 resumes")
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="fork the orchestrators from a warm zygote (tests/warm.py), as the suite's campaign test does: "
+        "cheaper, but no fault lands while a cold start imports",
+    )
     args = ap.parse_args(argv)
+    if not args.warm:  # every orchestrator a cold `python -m orchestrator`, as a user's
+        os.environ[warm.COLD_ENV] = "1"
     summary = campaign(
         args.cluster,
         args.faults,
