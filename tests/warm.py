@@ -321,13 +321,15 @@ class Zygote:
 
 
 _ZYGOTE: Zygote | None = None
+_ZYGOTE_LOCK = threading.Lock()  # the campaign's episodes ask from several threads at once
 
 
 def zygote() -> Zygote:
     global _ZYGOTE
-    if _ZYGOTE is None:
-        _ZYGOTE = Zygote()
-    return _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None:
+            _ZYGOTE = Zygote()
+        return _ZYGOTE
 
 
 def _fd(value: Any, default: int, stack: contextlib.ExitStack) -> int:
