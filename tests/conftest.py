@@ -117,9 +117,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _cpu_s() -> float:
-    """User and system CPU seconds of this process and its reaped children."""
+    """User and system CPU seconds of this process and its reaped children, the warm ones included (the
+    zygote reaps those: tests/warm.py)."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + warm.children_cpu_s()
 
 
 @contextlib.contextmanager

@@ -83,7 +83,10 @@ def test_a_dry_run_prints_the_same_plan_warm_and_cold(tmp_path: Path, monkeypatc
         "++deployment.roles.decode.env={HF_TOKEN: '${oc.env:HH_WARM_TOKEN}'}",
     ]  # fmt: skip
     monkeypatch.setenv("HH_WARM_TOKEN", "hf_not_a_real_token_123")
+    counted = warm.children_cpu_s()
     warm_run, cold_run = both(argv, tmp_path, monkeypatch)
+    # the warm child's CPU is counted, as RUSAGE_CHILDREN counts a cold one's (the test timeline's)
+    assert warm.children_cpu_s() - counted >= 0.2
     assert warm_run.returncode == cold_run.returncode == 0, warm_run.stderr[-2000:]
     assert warm_run.stdout == cold_run.stdout and "HF_TOKEN" in warm_run.stdout
     assert "hf_not_a_real_token_123" not in warm_run.stdout + warm_run.stderr

@@ -4,7 +4,7 @@ Why: a study's process spends about 3 CPU-s importing MLflow (3.17 imports its G
 FastAPI from `import mlflow`), SciPy, Hydra and matplotlib before its first line runs, and the suite and
 the fault campaign start some two hundred of them on CI's two cores (docs/testing.md).
 
-What: one process per test process, the "zygote" (`python -m tests.warm SOCKET`), imports those libraries
+What: one process per test process, the "zygote" (`python tests/warm.py SOCKET`), imports those libraries
 once and then forks a child per request. The child becomes the command it is asked for: argv, working
 directory, environment, standard streams (their file descriptors are passed over the socket), a session
 of its own if asked, then it runs the module with runpy as `python -m` does, and ends as the command ends
@@ -149,9 +149,11 @@ def serve(path: str) -> None:
                 pid, conn = key.data
                 selector.unregister(key.fileobj)
                 os.close(key.fd)
-                _, status = os.waitpid(pid, 0)
+                _, status, usage = os.wait4(pid, 0)
+                # its CPU and that of what it reaped: a cold start's parent would count it (tests/conftest.py)
+                cpu = usage.ru_utime + usage.ru_stime
                 with contextlib.suppress(OSError):
-                    _send(conn, {"status": status})
+                    _send(conn, {"status": status, "cpu_s": cpu})
                 conn.close()
 
 
@@ -299,7 +301,9 @@ class Zygote:
         with self._lock:
             if self._proc is None:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "tests.warm", self.path],
+                    # run as a script: its sys.path[0] is tests/, so the package is imported from where
+                    # the installation says, as a cold `python -m orchestrator` from any directory does
+                    [sys.executable, __file__, self.path],
                     cwd=REPO,
                     env=self.env,
                     stdin=subprocess.DEVNULL,
@@ -321,6 +325,22 @@ class Zygote:
 
 
 _ZYGOTE: Zygote | None = None
+_CPU = [0.0]  # CPU seconds of the warm children that ended, and of what they reaped
+_CPU_LOCK = threading.Lock()
+
+
+def _count_cpu(seconds: float) -> None:
+    with _CPU_LOCK:
+        _CPU[0] += seconds
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's warm children that have ended (and of the processes they reaped):
+    what RUSAGE_CHILDREN counts of a cold start, which the zygote reaps here instead."""
+    with _CPU_LOCK:
+        return _CPU[0]
+
+
 _ZYGOTE_LOCK = threading.Lock()  # the campaign's episodes ask from several threads at once
 
 
@@ -398,7 +418,9 @@ class WarmProcess:
                 line = _reply(self._conn, 0.0)
                 if line is not None:
                     # the zygote gone (killed with the test run) without a word: the child's end is unknown
-                    status = json.loads(line)["status"] if line else None
+                    reply = json.loads(line) if line else {}
+                    status = reply.get("status")
+                    _count_cpu(reply.get("cpu_s", 0.0))
                     self.returncode = (
                         os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
                     )
