@@ -173,10 +173,12 @@ def _fork_one(listener: socket.socket, selector: selectors.BaseSelector) -> None
     set_up_r, set_up_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        # the child keeps none of the zygote's sockets or pidfds
+        # the child keeps none of the zygote's sockets or pidfds, nor its siblings' connections
         for key in list(selector.get_map().values()):
             with contextlib.suppress(OSError):
                 os.close(key.fd)
+            if key.data is not None:
+                key.data[1].close()
         selector.close()
         conn.close()
         os.close(set_up_r)
