@@ -24,19 +24,20 @@ from orchestrator.report.consistency import SHAPES
 from orchestrator.report.render import dumps, render_markdown
 
 ROOT = Path(__file__).parent.parent
+REPORTS = ("docs/examples/*/report.json", "reports/*/report.json")  # where the repository keeps reports
 
 
 def committed_reports() -> list[Path]:
     """The reports the repository keeps: not one a run wrote here since (the README's first command
     writes reports/quick, which git ignores), so the tests read the same files on every checkout."""
     listed = subprocess.run(
-        ["git", "ls-files", "--", ":(glob)docs/examples/*/report.json", ":(glob)reports/*/report.json"],
+        ["git", "ls-files", "--", *(f":(glob){pattern}" for pattern in REPORTS)],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     if listed.returncode == 0:
         return sorted(ROOT / line for line in listed.stdout.split())
     # not a git checkout (an unpacked sdist): what is there
-    return sorted([*ROOT.glob("docs/examples/*/report.json"), *ROOT.glob("reports/*/report.json")])
+    return sorted(path for pattern in REPORTS for path in ROOT.glob(pattern))
 
 
 COMMITTED = committed_reports()

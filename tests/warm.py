@@ -35,6 +35,7 @@ import os
 import runpy
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -267,7 +268,9 @@ def _become(request: dict, fds: list[int], set_up: int) -> None:
         runpy._run_module_as_main(module)  # type: ignore[attr-defined]
         code = 0
     except SystemExit as e:
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        from orchestrator.run.fast_exit import exit_code
+
+        code = exit_code(e.code)
         if not isinstance(e.code, int | None):
             print(e.code, file=sys.stderr)
     except BaseException as e:
@@ -295,13 +298,17 @@ class Zygote:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._dir = tempfile.mkdtemp(prefix="hh-zygote-")
-        self.path = os.path.join(self._dir, "sock")
+        self._dir = ""  # its socket and log, made when it starts
         self.env = {**os.environ, **ZYGOTE_DEFAULTS}
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self._dir, "sock")
 
     def ready(self, timeout: float = 60.0) -> bool:
         with self._lock:
             if self._proc is None:
+                self._dir = tempfile.mkdtemp(prefix="hh-zygote-")
                 self._proc = subprocess.Popen(
                     # run as a script: its sys.path[0] is tests/, so the package is imported from where
                     # the installation says, as a cold `python -m orchestrator` from any directory does
@@ -324,6 +331,8 @@ class Zygote:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _ZYGOTE: Zygote | None = None
