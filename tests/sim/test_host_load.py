@@ -22,7 +22,7 @@ from orchestrator.workload.decode_load import DecodeLoadMonitor
 from orchestrator.workload.stress import StressSettings, run_stress_sync
 from tests.conftest import cpu_hogs, free_port
 
-SESSIONS, ROUNDS, REPS = 60, 4, 3
+SESSIONS, ROUNDS, REPS = 60, 4, 5
 ICC = 0.005  # the built-in model's restart_icc
 # two busy loops per CPU: the client, router and servers get about a third of the machine
 HOGS_PER_CPU = 2
