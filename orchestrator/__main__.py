@@ -139,13 +139,13 @@ def run_on_cluster(
     # SIGINT while the first was still unwinding towards the run's end left the run RUNNING)
     guard = InterruptGuard()
     with guard.installed():
-        guard.shielded = True  # a signal while the run is created is raised in the `try` that ends it
-        tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent, owner)
+        # a signal while the run is created is raised in the `try` that ends it
+        with guard.shield("creation of its MLflow run"):
+            tracker = ArmTracker.start(job.tracking, job.study, step.plan, step.repetition, parent, owner)
         # from here the run ends however this job does: an interrupt before the arm takes the run over
         # (found by the fault campaign: a SIGTERM while the tags were written left it RUNNING) ends it
         # here, KILLED; after that, the arm has ended it, and ending it again does nothing
         try:
-            guard.shielded = False
             guard.raise_pending()
             # the SLURM job it runs in, if any (its id, nodes, partition): hydra/launcher=heisenhunt_slurm
             placement = {"cluster": job.cluster.name, **slurm.allocation_tags()}

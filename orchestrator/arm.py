@@ -236,14 +236,20 @@ class InterruptGuard:
 
     def __init__(self) -> None:
         self.fired = False
-        self.shielded = False
+        self.holding: str | None = None  # what the shield protects now ("teardown"), if anything
         self.pending: int | None = None
+        self.held_during = ""  # what the pending signal waited for: the message names it
         self.depth = 0  # installs of this guard, one inside the other (the job's, then the arm's)
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.fired or self.shielded:
+        if self.fired:
             self.pending = self.pending or signum
             log.warning("signal %d ignored: stopping the servers first", signum)
+            return
+        if self.holding is not None:
+            if self.pending is None:
+                self.pending, self.held_during = signum, self.holding
+            log.warning("signal %d held until the %s is done", signum, self.holding)
             return
         self.fired = True
         raise KeyboardInterrupt(f"signal {signum}")
@@ -271,18 +277,18 @@ class InterruptGuard:
             self.raise_pending()
 
     @contextlib.contextmanager
-    def shield(self) -> Iterator[None]:
-        """Hold signals while the block runs (the teardown)."""
-        self.shielded = True
+    def shield(self, during: str = "teardown") -> Iterator[None]:
+        """Hold signals while the block runs; `during` names it in the warning and the interrupt."""
+        self.holding = during
         try:
             yield
         finally:
-            self.shielded = False
+            self.holding = None
 
     def raise_pending(self) -> None:
         if self.pending is not None and not self.fired:
             self.fired = True
-            raise KeyboardInterrupt(f"signal {self.pending} (held during teardown)")
+            raise KeyboardInterrupt(f"signal {self.pending} (held during the {self.held_during})")
 
 
 # --- execute -------------------------------------------------------------------------------------------

@@ -125,8 +125,31 @@ def test_a_signal_held_by_the_teardown_still_stops_the_sweep_when_the_arm_then_f
     from orchestrator.arm import InterruptGuard
 
     guard = InterruptGuard()
-    with pytest.raises(KeyboardInterrupt, match="held during teardown"), guard.installed():
+    with pytest.raises(KeyboardInterrupt, match="held during the teardown"), guard.installed():
         with guard.shield():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.2)  # the signal lands in the teardown, and waits
         raise RuntimeError("the arm failed after its teardown")
+
+
+def test_a_signal_held_while_the_run_is_created_says_so():
+    """The job's guard holds a signal while the arm's MLflow run is created; the interrupt it then raises
+    names that phase, not the teardown (CI at 316548b said "held during teardown" for it)."""
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    from orchestrator.arm import InterruptGuard
+
+    guard = InterruptGuard()
+    with guard.installed():
+        with guard.shield("creation of its MLflow run"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            assert guard.pending == signal.SIGINT  # held, not raised
+        with pytest.raises(
+            KeyboardInterrupt, match=r"^signal 2 \(held during the creation of its MLflow run\)$"
+        ):
+            guard.raise_pending()

@@ -52,6 +52,21 @@ class CommandResult:
     stderr: str
 
 
+def start_of(pid: str) -> str:
+    """A shell command that prints when process `pid` (a number, or a shell word such as "$p") started, in
+    a form fixed for the process's life: on Linux its start in clock ticks after boot (/proc/PID/stat,
+    field 22), elsewhere `ps -o lstart=`; nothing when it is gone. This is what a pid file records and
+    what tells a recycled pid apart, so it must never change under a running process. `ps -o lstart=` on
+    Linux does not: procps adds the boot time of /proc/stat, which the kernel recomputes at each read as
+    the wall clock minus the time since boot, so a correction of the wall clock (NTP, a VM's time sync)
+    moves every lstart (CI at 316548b: a live prefill read 20:57:27 at its start and 20:57:28 later, was
+    judged a recycled pid, failed its arm and was left running). macOS's `ps` reads a start time the
+    kernel stored once."""
+    # past the last ") ": a command name may hold spaces and parentheses; field 22 is then the 20th
+    ticks = f'awk \'{{ sub(/^.*\\) /, ""); print $20 " ticks after boot" }}\' /proc/{pid}/stat 2>/dev/null'
+    return f"{{ if [ -d /proc/{pid} ]; then {ticks}; else LC_ALL=C ps -o lstart= -p {pid}; fi; }}"
+
+
 def detached_command(
     argv: Sequence[str], env: Mapping[str, str], log_path: str, pid_path: str, cwd: str | None = None
 ) -> str:
@@ -68,12 +83,13 @@ def detached_command(
     log, pid = shlex.quote(log_path), shlex.quote(pid_path)
     parent = shlex.quote(str(_parent(log_path)))
     pid_parent = shlex.quote(str(_parent(pid_path)))
+    started = start_of('"$p"')
     # Plain `;` sequencing: with `A && B & C`, the shell would background the whole `A && B` list and
     # $! would name a subshell, not the server.
     return (
         f"mkdir -p {parent} {pid_parent} || exit 1; {cd}"
         f"setsid nohup {launch} >>{log} 2>&1 </dev/null & "
-        f'p=$!; t=$(ps -o lstart= -p "$p"); '
+        f"p=$!; t=$({started}); "
         f'if [ -n "$t" ]; then printf "%s\\n%s\\n" "$p" "$t" >{pid} '
         # a server whose pid file cannot be written (a full disk) is stopped at once: nothing could
         # ever find it again to stop it
@@ -100,7 +116,7 @@ class GroupLook:
     kernel_knows: bool  # `kill -0 -PGID` found a process in the group (or was refused one: EPERM)
     live: int  # non-zombie members `ps` listed
     zombies: int  # zombie members `ps` listed
-    leader_started: str  # `ps -o lstart=` of the pid PGID ('' when no such process)
+    leader_started: str  # `start_of` the pid PGID ('' when no such process)
     leader_state: str = ""  # `ps -o stat=` of the pid PGID ('' when no such process)
     # the kernel asked again after `ps`: a group reaped in between (zombies gone) reads as gone, not as a
     # group `ps` missed (the suite once saw a stopped server's group judged alive that way)
@@ -118,16 +134,15 @@ def liveness_command(pgid: int) -> str:
         f"k=$(LC_ALL=C kill -0 -{g} 2>&1) && echo KNOWN || "
         f'{{ case "$k" in *ermitted*) echo KNOWN;; *) echo UNKNOWN;; esac; }}'
     )
-    # one `ps` of every process: the group's members, and the leader's state and start time (its line
-    # past the first three fields, spaces kept: `ps -o lstart=` pads the day of the month, "Dec  4", and
-    # the pid file records it so)
+    # one `ps` of every process: the group's members, and the leader's state; then the leader's start
     members = (
-        f"ps -e -o pid=,pgid=,stat=,lstart= | awk '"
+        f"ps -e -o pid=,pgid=,stat= | awk '"
         f"$2 == {g} {{ if ($3 ~ /^Z/) z++; else l++ }} "
-        f'$1 == {g} {{ s = $3; t = $0; sub(/^ *[^ ]+ +[^ ]+ +[^ ]+ +/, "", t) }} '
-        f'END {{ print l + 0; print z + 0; print "S " s; print "T " t }}\''
+        f"$1 == {g} {{ s = $3 }} "
+        f'END {{ print l + 0; print z + 0; print "S " s }}\''
     )
-    return f"{kernel}; {members}; {kernel}; true"
+    leader = f'echo "T $({start_of(str(g))})"'
+    return f"{kernel}; {members}; {leader}; {kernel}; true"
 
 
 def parse_group_look(stdout: str) -> GroupLook:
@@ -245,8 +260,8 @@ class Transport(ABC):
         return result.returncode == 0 and bool(state) and not state.startswith("Z")
 
     def start_time(self, pid: int) -> str:
-        """The process's start time as `ps -o lstart=` prints it ('' when it is gone)."""
-        return self.run_again(f"ps -o lstart= -p {int(pid)}", timeout=15.0).stdout.strip()
+        """When the process started, as its pid file records it (`start_of`; '' when it is gone)."""
+        return self.run_again(start_of(str(int(pid))), timeout=15.0).stdout.strip()
 
     def group_liveness(self, pgid: int, started_at: str = "") -> Liveness:
         """Whether process group `pgid` (started at `started_at`, as its pid file records it) still runs:

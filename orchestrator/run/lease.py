@@ -61,7 +61,7 @@ class Holder:
     label: str  # the arm's run (study, arm, repetition, MLflow run id)
     hostname: str  # the machine the orchestrator runs on
     pid: int
-    pid_started: str  # `ps -o lstart=` of that pid: tells a recycled pid apart
+    pid_started: str  # `remote.base.start_of` that pid: tells a recycled pid apart
 
     def describe(self) -> str:
         return f"{self.label} (orchestrator pid {self.pid} on {self.hostname})"

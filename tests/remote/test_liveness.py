@@ -15,7 +15,9 @@ from orchestrator.remote.base import (
     judge_liveness,
     liveness_command,
     parse_group_look,
+    start_of,
 )
+from orchestrator.remote.local import LocalTransport
 
 STARTED = "Thu Dec  3 11:20:41 2026"
 
@@ -83,28 +85,65 @@ def test_the_look_runs_in_a_shell_and_sees_a_live_group_then_a_gone_one():
     assert judge_liveness(look) is Liveness.GONE, look
 
 
-@pytest.mark.parametrize(
-    "started",
-    [
-        "Fri Dec  4 16:08:17 2026",  # `ps -o lstart=` in the C locale: the day of the month padded
-        "4 Dez  2026 10:00:00",  # a start time that leads with a number (as a localized one might)
-    ],
-)
-def test_the_look_reads_the_leaders_start_whole_from_one_ps_line(
-    started: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+def kernel_start_ticks(pid: int) -> str:
+    """Field 22 of /proc/PID/stat, read by Python: past the last ')', since a name may hold one."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def test_the_start_is_the_kernels_tick_count_even_under_a_name_with_parentheses(tmp_path) -> None:
+    """`start_of` reads /proc/PID/stat's field 22 past the last ") ": a command named "sl) eep 2" keeps
+    its own spaces and parenthesis in field 2, and a split on spaces would read the wrong field."""
+    odd = tmp_path / "sl) eep 2"
+    odd.symlink_to(
+        subprocess.run(["sh", "-c", "command -v sleep"], capture_output=True, text=True).stdout.strip()
+    )
+    child = subprocess.Popen([str(odd), "30"], start_new_session=True)
+    try:
+        with open(f"/proc/{child.pid}/stat") as f:
+            assert "(sl) eep 2)" in f.read()
+        said = subprocess.run(["sh", "-c", start_of(str(child.pid))], capture_output=True, text=True)
+        assert said.stdout.strip() == f"{kernel_start_ticks(child.pid)} ticks after boot"
+        assert look_at(child.pid).leader_started == said.stdout.strip()
+    finally:
+        child.kill()
+        child.wait()
+    gone = subprocess.run(["sh", "-c", start_of(str(child.pid))], capture_output=True, text=True)
+    assert gone.stdout == ""  # a process gone has no start
+
+
+def test_a_clock_correction_that_moves_ps_start_times_leaves_a_live_group_alive(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The look's one `ps -e` line of the leader is pid, pgid, state, then the start time with its own
-    spaces: the start is what follows the third field, spaces kept, whatever it begins with (a start
-    that leads with digits must not be matched inside the pid or pgid columns). A `ps` shim on the PATH
-    prints the line: an honest fake of `ps`'s format, which the real `ps` of this machine cannot vary."""
-    g = 4242
+    """CI at 316548b: a live prefill's leader read "20:57:27" from `ps -o lstart=` at its start and
+    "20:57:28" later. procps adds the boot time of /proc/stat, which Linux recomputes at each read as the
+    wall clock minus the time since boot, so a correction of the wall clock moves every lstart. The
+    server was judged a recycled pid: its arm FAILED and the stop left it running. Here `ps` is a shim
+    that passes everything to the real one but answers `-o lstart=` one second later at each call (an
+    honest fake of that move, which this machine's clock cannot be made to do): the start recorded at
+    launch still matches at every look, and the stop still stops the group."""
+    real_ps = subprocess.run(["sh", "-c", "command -v ps"], capture_output=True, text=True).stdout.strip()
     shim = tmp_path / "bin"
     shim.mkdir()
+    calls = tmp_path / "lstart-calls"
     (shim / "ps").write_text(
-        f"#!/bin/sh\nprintf '  {g}  {g} Ss   {started}\\n  4243  {g} S    {started}\\n'\n"
+        "#!/bin/sh\n"
+        'case "$*" in *lstart*) echo x >> ' + str(calls) + "; "
+        "n=$(wc -l < "
+        + str(calls)
+        + '); date -d "@$(( $(date +%s) + n ))" "+%a %b %e %T %Y"; exit 0;; esac\n'
+        f'exec {real_ps} "$@"\n'
     )
     (shim / "ps").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
-    look = look_at(g)
-    assert (look.leader_started, look.leader_state, look.live, look.zombies) == (started, "Ss", 2, 0)
-    assert judge_liveness(look, started) is Liveness.ALIVE
+    transport = LocalTransport()
+    pid = transport.start_detached(["sleep", "300"], {}, str(tmp_path / "s.log"), str(tmp_path / "s.pid"))
+    try:
+        recorded = (tmp_path / "s.pid").read_text().splitlines()[1]
+        for _ in range(3):
+            assert transport.group_liveness(pid, recorded) is Liveness.ALIVE
+            assert transport.start_time(pid) == recorded
+        assert transport.stop_group(pid, grace_s=5, started_at=recorded) is False  # TERM was enough
+        assert transport.group_liveness(pid, recorded) is Liveness.GONE
+    finally:
+        subprocess.run(["kill", "-KILL", f"-{pid}"], capture_output=True)
