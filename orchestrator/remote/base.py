@@ -62,9 +62,17 @@ def start_of(pid: str) -> str:
     moves every lstart (CI at 316548b: a live prefill read 20:57:27 at its start and 20:57:28 later, was
     judged a recycled pid, failed its arm and was left running). macOS's `ps` reads a start time the
     kernel stored once."""
-    # past the last ") ": a command name may hold spaces and parentheses; field 22 is then the 20th
-    ticks = f'awk \'{{ sub(/^.*\\) /, ""); print $20 " ticks after boot" }}\' /proc/{pid}/stat 2>/dev/null'
-    return f"{{ if [ -d /proc/{pid} ]; then {ticks}; else LC_ALL=C ps -o lstart= -p {pid}; fi; }}"
+    ticks = _proc_stat(pid, f'$20 "{TICKS}"')
+    return f"{{ if [ -r /proc/self/stat ]; then {ticks}; else LC_ALL=C ps -o lstart= -p {pid}; fi; }}"
+
+
+TICKS = " ticks after boot"  # how `start_of` writes a start read from /proc
+
+
+def _proc_stat(pid: str, fields: str) -> str:
+    """awk printing `fields` of /proc/PID/stat as they stand past the last ") " (a command name may hold
+    spaces and parentheses): there $1 is the state (field 3) and $20 the start in ticks (field 22)."""
+    return f"awk '{{ sub(/^.*\\) /, \"\"); print {fields} }}' /proc/{pid}/stat 2>/dev/null"
 
 
 def detached_command(
@@ -114,8 +122,8 @@ class GroupLook:
     """What one look at a process group saw on its host."""
 
     kernel_knows: bool  # `kill -0 -PGID` found a process in the group (or was refused one: EPERM)
-    live: int  # non-zombie members `ps` listed
-    zombies: int  # zombie members `ps` listed
+    live: int | None  # non-zombie members `ps` listed (None: not counted, the leader runs)
+    zombies: int | None  # zombie members `ps` listed (None: not counted)
     leader_started: str  # `start_of` the pid PGID ('' when no such process)
     leader_state: str = ""  # `ps -o stat=` of the pid PGID ('' when no such process)
     # the kernel asked again after `ps`: a group reaped in between (zombies gone) reads as gone, not as a
@@ -124,9 +132,11 @@ class GroupLook:
 
 
 def liveness_command(pgid: int) -> str:
-    """One POSIX shell line that prints a `GroupLook` of group `pgid` (parsed by `parse_group_look`):
-    the kernel's answer to a signal 0 sent to the group, the members `ps` lists, the leader's state and
-    start, and the kernel's answer again."""
+    """One POSIX shell line that prints a `GroupLook` of group `pgid` (parsed by `parse_group_look`).
+    Where /proc shows the leader running, that settles it (`judge_liveness`): its state and start, read
+    from one file ("LEADER"). Otherwise the kernel's answer to a signal 0 sent to the group, the members
+    `ps` lists, the leader's state and start, and the kernel's answer again: `ps -e` walks every process
+    on the host, a cost a look at a running server (nearly every look) no longer pays."""
     g = int(pgid)
     if g <= 1:
         raise ValueError(f"refusing to look at process group {g}")
@@ -142,11 +152,20 @@ def liveness_command(pgid: int) -> str:
         f'END {{ print l + 0; print z + 0; print "S " s }}\''
     )
     leader = f'echo "T $({start_of(str(g))})"'
-    return f"{kernel}; {members}; {leader}; {kernel}; true"
+    full = f"{kernel}; {members}; {leader}; {kernel}"
+    running = _proc_stat(str(g), f'$1, $20 "{TICKS}"')
+    return (
+        f'l=$({running}); case "$l" in ""|Z*|X*) {full};; '
+        f'*) echo LEADER; echo "S ${{l%% *}}"; echo "T ${{l#* }}";; esac; true'
+    )
 
 
 def parse_group_look(stdout: str) -> GroupLook:
     lines = stdout.splitlines()
+    if lines[:1] == ["LEADER"]:  # the leader runs: nothing else was looked at
+        if len(lines) < 3 or lines[1][:1] != "S" or lines[2][:1] != "T" or not lines[1][1:].strip():
+            raise TransportError(f"unexpected answer to a process-group look: {stdout!r}")
+        return GroupLook(True, None, None, lines[2][1:].strip(), lines[1][1:].strip())
     kernel = ("KNOWN", "UNKNOWN")
     if (
         len(lines) < 6
@@ -177,7 +196,7 @@ def judge_liveness(look: GroupLook, started_at: str = "") -> Liveness:
         return Liveness.ALIVE
     if not look.kernel_knows or not look.kernel_knows_after:
         return Liveness.GONE
-    if look.live == 0 and look.zombies > 0:
+    if look.live == 0 and (look.zombies or 0) > 0:
         return Liveness.GONE
     return Liveness.ALIVE
 

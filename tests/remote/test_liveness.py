@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 
@@ -55,6 +57,14 @@ def test_without_a_recorded_start_any_leader_counts():
     assert judge_liveness(GroupLook(True, 1, 0, "Mon Jan  1 00:00:00 2001"), "") is Liveness.ALIVE
 
 
+def test_parse_a_look_that_found_the_leader_running():
+    assert parse_group_look("LEADER\nS R\nT 42 ticks after boot\n") == GroupLook(
+        True, None, None, "42 ticks after boot", "R"
+    )
+    with pytest.raises(TransportError):  # cut short
+        parse_group_look("LEADER\nS R\n")
+
+
 def test_parse_a_look_with_and_without_a_leader():
     assert parse_group_look(f"KNOWN\n3\n0\nS Ss\nT {STARTED}\nKNOWN\n") == GroupLook(
         True, 3, 0, STARTED, "Ss"
@@ -75,14 +85,36 @@ def test_the_look_runs_in_a_shell_and_sees_a_live_group_then_a_gone_one():
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         look = look_at(child.pid)
-        assert look.kernel_knows and look.kernel_knows_after and look.live == 1, look
+        # the leader runs: /proc says so, and nothing else is looked at (no `ps -e` of every process)
+        assert (look.leader_state, look.live, look.zombies) == ("S", None, None), look
+        assert look.leader_started == f"{kernel_start_ticks(child.pid)} ticks after boot"
         assert judge_liveness(look) is Liveness.ALIVE
     finally:
         child.kill()
         child.wait()
     time.sleep(0.05)
     look = look_at(child.pid)
+    assert not look.kernel_knows and look.live == 0, look  # the whole look: the leader is gone
     assert judge_liveness(look) is Liveness.GONE, look
+
+
+def test_a_group_whose_leader_exited_is_counted_member_by_member():
+    """A leader gone and its child running on (a server whose launcher exited): the look falls back to
+    the kernel and `ps`, and counts the child."""
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(leader.communicate()[0].strip())
+    try:
+        look = look_at(leader.pid)
+        assert look.kernel_knows and look.kernel_knows_after and (look.live, look.zombies) == (1, 0), look
+        assert (look.leader_state, look.leader_started) == ("", "")
+        assert judge_liveness(look, "123 ticks after boot") is Liveness.ALIVE
+    finally:
+        os.kill(child, 9)
 
 
 def kernel_start_ticks(pid: int) -> str:
@@ -126,12 +158,12 @@ def test_a_clock_correction_that_moves_ps_start_times_leaves_a_live_group_alive(
     shim = tmp_path / "bin"
     shim.mkdir()
     calls = tmp_path / "lstart-calls"
+    # a start for a live pid only, one second later at each call; anything else to the real `ps`
+    later = f'date -d "@$(( $(date +%s) + $(wc -l < {calls}) ))" "+%a %b %e %T %Y"'
     (shim / "ps").write_text(
         "#!/bin/sh\n"
-        'case "$*" in *lstart*) echo x >> ' + str(calls) + "; "
-        "n=$(wc -l < "
-        + str(calls)
-        + '); date -d "@$(( $(date +%s) + n ))" "+%a %b %e %T %Y"; exit 0;; esac\n'
+        f'case "$*" in *lstart*) [ -n "$({real_ps} "$@")" ] || exit 1; '
+        f"echo x >> {calls}; {later}; exit 0;; esac\n"
         f'exec {real_ps} "$@"\n'
     )
     (shim / "ps").chmod(0o755)
@@ -146,4 +178,6 @@ def test_a_clock_correction_that_moves_ps_start_times_leaves_a_live_group_alive(
         assert transport.stop_group(pid, grace_s=5, started_at=recorded) is False  # TERM was enough
         assert transport.group_liveness(pid, recorded) is Liveness.GONE
     finally:
-        subprocess.run(["kill", "-KILL", f"-{pid}"], capture_output=True)
+        # (never /usr/bin/kill with a negative pid: procps-ng 4.0.2's reads `kill -KILL -58` as group 5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
