@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.conftest import local_cluster_overrides, seed_mlflow_store  # noqa: E402
+from tests.conftest import orchestrator_argv  # noqa: E402
 
 STUDY = [
     "factor/multi_stream=on,off", "repetition=0", "workload.sessions=12", "workload.rounds=2",
@@ -40,11 +40,7 @@ def run_once(entry: list[str]) -> tuple[float, float]:
     """One sweep: (wall s, CPU s of the orchestrator and what it reaped)."""
     with tempfile.TemporaryDirectory(prefix="hh-bench-exit-") as tmp:
         root = Path(tmp)
-        argv = [
-            sys.executable, *entry, "-m", *local_cluster_overrides(root),
-            f"tracking.uri={seed_mlflow_store(root / 'mlflow.db')}", f"report.dir={root}/reports",
-            f"hydra.sweep.dir={root}/multirun", *STUDY,
-        ]  # fmt: skip
+        argv = orchestrator_argv(root, "-m", *STUDY, entry=entry)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)

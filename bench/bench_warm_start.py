@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests import warm  # noqa: E402
-from tests.conftest import local_cluster_overrides, seed_mlflow_store  # noqa: E402
+from tests.conftest import orchestrator_argv  # noqa: E402
 
 STUDY = [
     "-m", "factor/multi_stream=on,off", "repetition=0", "workload.sessions=12", "workload.rounds=2",
@@ -60,12 +60,7 @@ def run_once(variant: str, args: list[str], cpu: Callable[[], float] | None) -> 
     os.environ[warm.COLD_ENV] = "1" if variant == "cold" else "0"
     with tempfile.TemporaryDirectory(prefix="hh-bench-warm-") as tmp:
         root = Path(tmp)
-        argv = [
-            sys.executable, "-m", "orchestrator", *[a for a in args if a.startswith("-")],
-            *local_cluster_overrides(root), f"tracking.uri={seed_mlflow_store(root / 'mlflow.db')}",
-            f"report.dir={root}/reports", f"hydra.sweep.dir={root}/multirun",
-            *[a for a in args if not a.startswith("-")],
-        ]  # fmt: skip
+        argv = orchestrator_argv(root, *args)
         before, started = (cpu() if cpu else None), time.monotonic()
         proc = warm.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
         wall = time.monotonic() - started

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +236,31 @@ def local_cluster_overrides(tmp_path: Path) -> list[str]:
     overrides.append(f"cluster.hosts.prefill.bootstrap_port={free_port()}")
     overrides.append(f"cluster.hosts.router.metrics_port={free_port()}")
     return overrides
+
+
+def orchestrator_argv(
+    root: Path,
+    *args: str,
+    entry: Sequence[str] = ("-m", "orchestrator"),
+    tracking_uri: str | None = None,
+    local_cluster: bool = True,
+) -> list[str]:
+    """The command line of a study run in `root`: `python` with `entry`, then Hydra's flags among `args`
+    (-m, --cfg ...: its parser takes none after the overrides), the local cluster on free ports with its
+    work dirs under `root` (unless `local_cluster` is False), the MLflow store (`tracking_uri`, else a
+    seeded `root/mlflow.db`), the reports and the sweep folder under `root`, then the other `args`."""
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    return [
+        sys.executable,
+        *entry,
+        *flags,
+        *(local_cluster_overrides(root) if local_cluster else ()),
+        f"tracking.uri={tracking_uri or seed_mlflow_store(root / 'mlflow.db')}",
+        f"report.dir={root}/reports",
+        f"hydra.sweep.dir={root}/multirun",
+        *overrides,
+    ]
 
 
 POOL_MEMBERS = ("pd0", "pd1")

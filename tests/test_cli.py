@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.config.help import experiment_summary, one_line
 from tests import warm
+from tests.conftest import orchestrator_argv
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
@@ -22,12 +23,7 @@ FACTORS = {
 def heisenhunt(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m orchestrator ARGS` in `cwd`, its MLflow store and sweep folder there too (flags first:
     Hydra's parser takes no flag after the overrides)."""
-    flags = [a for a in args if a.startswith("-")]
-    argv = [
-        sys.executable, "-m", "orchestrator", *flags, f"tracking.uri=sqlite:///{cwd}/m.db",
-        f"hydra.sweep.dir={cwd}/multirun", f"report.dir={cwd}/reports",
-        *(a for a in args if not a.startswith("-")),
-    ]  # fmt: skip
+    argv = orchestrator_argv(cwd, *args, tracking_uri=f"sqlite:///{cwd}/m.db", local_cluster=False)
     return warm.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 

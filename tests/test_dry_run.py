@@ -4,23 +4,19 @@ no host contacted, no server started, no MLflow run or store."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from tests import warm
-from tests.conftest import local_cluster_overrides
+from tests.conftest import orchestrator_argv
 
 SECRET = "hf_dryrun_s3cret_value"
 
 
 def _dry_run(tmp_path: Path, *overrides: str) -> str:
-    flags = [o for o in overrides if o.startswith("-")]
-    overrides = tuple(o for o in overrides if not o.startswith("-"))
-    argv = [
-        sys.executable, "-m", "orchestrator", *flags, *local_cluster_overrides(tmp_path),
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"report.dir={tmp_path}/reports",
-        f"hydra.sweep.dir={tmp_path}/multirun", "dry_run=true", *overrides,
-    ]  # fmt: skip
+    # a store of its own, not a seeded copy: the dry run must not create it
+    argv = orchestrator_argv(
+        tmp_path, "dry_run=true", *overrides, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"
+    )
     env = {**os.environ, "HH_DRY_RUN_TOKEN": SECRET}
     proc = warm.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import mlflow
 import pytest
 
 from tests import warm
-from tests.conftest import local_cluster_overrides, seed_mlflow_store
+from tests.conftest import orchestrator_argv
 
 SMALL = [
     "workload.sessions=12",
@@ -31,20 +30,7 @@ SMALL = [
 
 
 def orchestrator(tmp_path: Path, *overrides: str, **popen) -> subprocess.Popen | warm.WarmProcess:
-    # Hydra's flags (-m, --cfg ...) must come before the overrides, or argparse refuses them
-    flags = [o for o in overrides if o.startswith("-")]
-    overrides = tuple(o for o in overrides if not o.startswith("-"))
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        *flags,
-        *local_cluster_overrides(tmp_path),
-        f"tracking.uri={seed_mlflow_store(tmp_path / 'mlflow.db')}",
-        f"report.dir={tmp_path}/reports",
-        f"hydra.sweep.dir={tmp_path}/multirun",
-        *overrides,
-    ]
+    argv = orchestrator_argv(tmp_path, *overrides)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # forked from a warm zygote where that runs it as exec would (tests/warm.py)
     return warm.popen(

@@ -138,6 +138,17 @@ def liveness_command(pgid: int) -> str:
     `ps` lists, the leader's state and start, and the kernel's answer again: `ps -e` walks every process
     on the host, a cost a look at a running server (nearly every look) no longer pays."""
     g = int(pgid)
+    running = _proc_stat(str(g), f'$1, $20 "{TICKS}"')
+    return (
+        f'l=$({running}); case "$l" in ""|Z*|X*) {whole_look_command(g)};; '
+        f'*) echo LEADER; echo "S ${{l%% *}}"; echo "T ${{l#* }}";; esac; true'
+    )
+
+
+def whole_look_command(pgid: int) -> str:
+    """The look at a group whose leader is not seen running: the kernel's answer to a signal 0 sent to
+    the group, the members `ps` lists, the leader's state and start, and the kernel's answer again."""
+    g = int(pgid)
     if g <= 1:
         raise ValueError(f"refusing to look at process group {g}")
     kernel = (
@@ -152,12 +163,7 @@ def liveness_command(pgid: int) -> str:
         f'END {{ print l + 0; print z + 0; print "S " s }}\''
     )
     leader = f'echo "T $({start_of(str(g))})"'
-    full = f"{kernel}; {members}; {leader}; {kernel}"
-    running = _proc_stat(str(g), f'$1, $20 "{TICKS}"')
-    return (
-        f'l=$({running}); case "$l" in ""|Z*|X*) {full};; '
-        f'*) echo LEADER; echo "S ${{l%% *}}"; echo "T ${{l#* }}";; esac; true'
-    )
+    return f"{kernel}; {members}; {leader}; {kernel}"
 
 
 def parse_group_look(stdout: str) -> GroupLook:
