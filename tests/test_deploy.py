@@ -285,3 +285,41 @@ def test_a_stop_cut_short_by_a_lost_connection_is_tried_again(compose_cfg, deplo
     t = LocalTransport()
     assert not any(t.group_alive(pid) for pid in started.values())
     assert not any(listening(int(cfg.cluster.hosts[r].port)) for r in ROLES)
+
+
+# a router that is healthy but never answers a chat request (as one whose decode waits on a dead prefill)
+HANGING_ROUTER = """
+import http.server, sys, time
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/" else 404)
+        self.end_headers()
+    def do_POST(self):
+        time.sleep(120)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_a_server_that_dies_during_the_warm_up_fails_it_at_once_naming_the_server(compose_cfg, deployments):
+    """The warm-up request waits up to 60 s; a server that dies meanwhile fails the arm within a look or
+    two, naming it (fault campaign seed 34: a prefill killed as it became healthy held the warm-up for its
+    whole timeout, its decode waiting on the dead bootstrap server)."""
+    import signal
+
+    cfg = _cfg(compose_cfg)
+    plan = _plan(cfg)
+    port = int(cfg.cluster.hosts.router.port)
+    router = replace(plan.roles["router"], argv=[sys.executable, "-c", HANGING_ROUTER, str(port)])
+    plan = replace(plan, roles={**plan.roles, "router": router}, router_url=f"http://127.0.0.1:{port}")
+    d = _deployment(cfg, plan)
+    deployments.append(d)
+    d.start_servers()
+    d.start_role("router")
+    killer = threading.Timer(0.5, os.killpg, (d.started["prefill"], signal.SIGKILL))
+    killer.start()
+    t0 = time.monotonic()
+    with pytest.raises(DeployError) as err:
+        d.warm_up(look_s=0.5)
+    killer.join()
+    assert time.monotonic() - t0 < 5, time.monotonic() - t0
+    assert err.value.role == "prefill" and "died during the warm-up request" in str(err.value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -270,14 +271,35 @@ class Deployment:
         text = self.transports[role].read_text_tail(self.paths(role).log, LOG_TAIL_BYTES)
         return redact_text(text, self.plan.roles[role].secrets)
 
-    def warm_up(self) -> None:
-        """One chat request end to end through the router."""
+    def warm_up(self, look_s: float = 1.0) -> None:
+        """One chat request end to end through the router. While it is in flight the servers are looked
+        at every `look_s`: one that dies fails the arm at once, not at the request's 60 s timeout (fault
+        campaign seed 34: a prefill killed as it became healthy held the warm-up, its decode waiting on
+        the dead bootstrap server, for the whole timeout)."""
         payload = {
             "model": self.plan.served_model,
             "messages": [{"role": "user", "content": "warm-up: reply with one word"}],
             "max_tokens": 8,
         }
-        status, body = http_post_json(f"{self.plan.router_url}/v1/chat/completions", payload, timeout=60.0)
+        url = f"{self.plan.router_url}/v1/chat/completions"
+        outcome: list[tuple[int, str] | Exception] = []
+
+        def post() -> None:
+            try:
+                outcome.append(http_post_json(url, payload, timeout=60.0))
+            except Exception as e:  # raised here, in the arm's thread, below
+                outcome.append(e)
+
+        # a daemon thread: one left waiting on a dead server ends when the teardown closes its connection
+        request = threading.Thread(target=post, name="warm-up", daemon=True)
+        request.start()
+        while request.join(look_s) or request.is_alive():
+            role = self.dead_role()
+            if role is not None:
+                raise DeployError(role, "died during the warm-up request", self.log_tail(role))
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        status, body = outcome[0]
         if status != 200:
             tails = "\n".join(f"[{r}] {self.log_tail(r)[-1500:]}" for r in ("decode", "router"))
             raise DeployError("router", f"warm-up request failed: HTTP {status}: {body[:300]}", tails)
