@@ -23,6 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from orchestrator.config.plan import ArmPlan, RolePlan, server_url
@@ -282,24 +283,24 @@ class Deployment:
             "max_tokens": 8,
         }
         url = f"{self.plan.router_url}/v1/chat/completions"
-        outcome: list[tuple[int, str] | Exception] = []
+        answer: Future[tuple[int, str]] = Future()
 
         def post() -> None:
             try:
-                outcome.append(http_post_json(url, payload, timeout=60.0))
-            except Exception as e:  # raised here, in the arm's thread, below
-                outcome.append(e)
+                answer.set_result(http_post_json(url, payload, timeout=60.0))
+            except Exception as e:  # raised in the arm's thread, by `answer.result`
+                answer.set_exception(e)
 
         # a daemon thread: one left waiting on a dead server ends when the teardown closes its connection
-        request = threading.Thread(target=post, name="warm-up", daemon=True)
-        request.start()
-        while request.join(look_s) or request.is_alive():
-            role = self.dead_role()
-            if role is not None:
-                raise DeployError(role, "died during the warm-up request", self.log_tail(role))
-        if isinstance(outcome[0], Exception):
-            raise outcome[0]
-        status, body = outcome[0]
+        threading.Thread(target=post, name="warm-up", daemon=True).start()
+        while True:
+            try:
+                status, body = answer.result(timeout=look_s)
+                break
+            except TimeoutError:
+                role = self.dead_role()
+                if role is not None:
+                    raise DeployError(role, "died during the warm-up request", self.log_tail(role)) from None
         if status != 200:
             tails = "\n".join(f"[{r}] {self.log_tail(r)[-1500:]}" for r in ("decode", "router"))
             raise DeployError("router", f"warm-up request failed: HTTP {status}: {body[:300]}", tails)
