@@ -119,6 +119,10 @@ KINDS: dict[str, Kind] = {
 # faults landed in teardown instead of 20%)
 PHASE_DELAY_S = {"preflight": 0.3, "start-up": 0.8, "health gate": 0.8, "stress": 1.2, "bench": 0.4,
                  "teardown": 0.2, "hand-over": 0.3}  # fmt: skip
+# the sim's clock those delays are for (the embedded default's), and the phases it paces: the sim's model
+# load, and its tokens; a campaign at another clock scales these phases' delays with it
+DEFAULT_CLOCK = 0.2
+SIM_PACED = ("start-up", "health gate", "stress", "bench")
 NO_FAULT = 0.08  # the share of arms that get none: they must simply finish
 
 # what explains a run's end, per fault (its reason is matched; FINISHED where the fault may be survived)
@@ -187,6 +191,7 @@ class Sandbox:
     ports: set[int]
     env: dict[str, str]
     tight: Path | None = None  # the hosts' work dirs' small filesystem (disk_full), if it could be made
+    clock: float = DEFAULT_CLOCK  # the sim's (HEISENHUNT_SIM_TIME_SCALE)
 
     @property
     def db(self) -> Path:
@@ -203,8 +208,15 @@ class Sandbox:
         return [
             sys.executable, "-m", "orchestrator", "-m", *self.cluster_overrides,
             f"tracking.uri={self.uri}", f"report.dir={self.root}/reports", f"study.name={study}",
-            f"hydra.sweep.dir={self.sweep_dir(sweep)}", "hydra.sweep.subdir=${hydra.job.num}", *ARM, *extra,
+            f"hydra.sweep.dir={self.sweep_dir(sweep)}", "hydra.sweep.subdir=${hydra.job.num}", *ARM,
+            *(f"deployment.roles.{role}.env.HEISENHUNT_SIM_TIME_SCALE={self.clock}"
+              for role in ("prefill", "decode") if self.clock != DEFAULT_CLOCK),
+            *extra,
         ]  # fmt: skip
+
+    def delay_s(self, phase: str) -> float:
+        """The longest wait after `phase` begins for a fault drawn into it, at this sandbox's clock."""
+        return PHASE_DELAY_S[phase] * (self.clock / DEFAULT_CLOCK if phase in SIM_PACED else 1.0)
 
     def start(self, argv: list[str], log: Path) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -340,7 +352,7 @@ class Injector(threading.Thread):
         kind = self.rng.choices(kinds, weights)[0]
         phases = [p for p in KINDS[kind].phases if p != "bench" or job.repetition == 0]
         phase = self.rng.choice(phases)
-        return Fault(kind, phase, self.rng.uniform(0.0, PHASE_DELAY_S[phase]), job.job, self.attempt)
+        return Fault(kind, phase, self.rng.uniform(0.0, self.sb.delay_s(phase)), job.job, self.attempt)
 
     def phase_of(self, job: ArmProgress, by_job: dict[int, ArmProgress]) -> str:
         if job.phase == "done":
@@ -532,7 +544,7 @@ def own_sshd(sshd_dir: Path) -> Iterator[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
+def sandbox(cluster: str, ssh_env: dict[str, str], clock: float = DEFAULT_CLOCK) -> Iterator[Sandbox]:
     root = Path(tempfile.mkdtemp(prefix="hh-faults-"))
     tight: Path | None = root / "tight"
     tight.mkdir()
@@ -563,7 +575,7 @@ def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
         if re.search(r"\.(port|bootstrap_port|metrics_port)=\d+$", o)
     }
     try:
-        yield Sandbox(root, cluster, overrides, ports, env, tight)
+        yield Sandbox(root, cluster, overrides, ports, env, tight, clock)
     finally:
         for path in root.rglob("*.pid"):  # never leave anything behind, whatever was found (nothing runs now)
             pgid = pid_of(path)
@@ -580,16 +592,19 @@ def sandbox(cluster: str, ssh_env: dict[str, str]) -> Iterator[Sandbox]:
             subprocess.run(["rm", "-rf", str(root)], capture_output=True)
 
 
-def run_episode(seed: int, cluster: str, arms: int, ssh_env: dict[str, str], sweeps: int = 4) -> Episode:
+def run_episode(
+    seed: int, cluster: str, arms: int, ssh_env: dict[str, str], sweeps: int = 4, clock: float = DEFAULT_CLOCK
+) -> Episode:
     """One study of `arms` arms, a fault drawn for each: the first sweep and up to `sweeps - 1` resumes.
     The last sweep draws no fault that ends the orchestrator, so every episode ends with a whole study to
-    check; every sweep before it may end in one (the next resumes)."""
+    check; every sweep before it may end in one (the next resumes). `clock` is the sim's: a faster one
+    shortens the phases it paces, and the faults' delays into them with it."""
     rng = random.Random(seed)
     ep = Episode(seed, cluster)
     kinds = [k for k, v in KINDS.items() if cluster in v.clusters]
     reps = ",".join(str(r) for r in range(max(1, arms // 2)))
     t0 = time.monotonic()
-    with sandbox(cluster, ssh_env) as sb:
+    with sandbox(cluster, ssh_env, clock) as sb:
         side: list[subprocess.Popen] = []
         parents: dict[str, int] = {}  # parent run id -> attempt
         jobs: dict[tuple[int, int], ArmProgress] = {}
@@ -845,6 +860,7 @@ def campaign(
     progress=print,
     parallel: int = 1,
     sweeps: int = 4,
+    clock: float = DEFAULT_CLOCK,
 ) -> dict:
     """Episodes until `faults` faults were injected (`parallel` at once, each in its own sandbox), or the
     one episode `replay`; the summary."""
@@ -857,7 +873,7 @@ def campaign(
         return sum(f.injected for e in episodes for f in e.faults)
 
     def one(ep_seed: int, env: dict[str, str]) -> None:
-        ep = run_episode(ep_seed, cluster, arms, env, sweeps)
+        ep = run_episode(ep_seed, cluster, arms, env, sweeps, clock)
         with lock:
             episodes.append(ep)
             bad = {k: len(v) for k, v in ep.problems.items() if v}
@@ -908,6 +924,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=int, default=None, help="run the one episode of this seed")
     ap.add_argument("--parallel", type=int, default=1, help="episodes at once (each in its own sandbox)")
     ap.add_argument("--sweeps", type=int, default=4, help="per study: the first and up to N-1 resumes")
+    ap.add_argument("--clock", type=float, default=DEFAULT_CLOCK,
+                    help="the sim's clock (HEISENHUNT_SIM_TIME_SCALE): smaller is faster")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
     ap.add_argument(
         "--warm",
@@ -926,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
         args.replay,
         parallel=args.parallel,
         sweeps=args.sweeps,
+        clock=args.clock,
     )
     text = json.dumps(summary, indent=2, default=str)
     print(text)

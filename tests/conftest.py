@@ -171,9 +171,17 @@ def _share_the_machine(
         yield
 
 
-@functools.cache
+_MIGRATING = threading.Lock()
+
+
 def _migrated_store() -> Path:
     """One MLflow sqlite store per test process, created by MLflow itself (every schema migration run)."""
+    with _MIGRATING:  # threads that ask at once (the campaign test's episodes) wait for the one migration
+        return _migrate_once()
+
+
+@functools.cache
+def _migrate_once() -> Path:
     from mlflow import MlflowClient
 
     path = Path(tempfile.mkdtemp(prefix="hh-mlflow-template-")) / "mlflow.db"

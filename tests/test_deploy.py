@@ -323,3 +323,23 @@ def test_a_server_that_dies_during_the_warm_up_fails_it_at_once_naming_the_serve
     killer.join()
     assert time.monotonic() - t0 < 5, time.monotonic() - t0
     assert err.value.role == "prefill" and "died during the warm-up request" in str(err.value)
+
+
+def test_a_server_that_dies_while_the_router_is_health_gated_fails_the_gate_at_once_naming_it(
+    compose_cfg, deployments
+):
+    """The real router waits for its prefill to register; a prefill killed before it could fails the
+    gate within a look, naming the prefill, not at the router's start-up timeout naming the router (fault
+    campaign seed 34: a prefill killed as the router started held its arm the router's whole 20 s)."""
+    import signal
+
+    cfg = compose_cfg("deployment.roles.router.startup_timeout_s=30")
+    d = _deployment(cfg, plan_of(cfg))  # the sim's servers and the real sglang-router
+    deployments.append(d)
+    d.start_servers()
+    os.killpg(d.started["prefill"], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(DeployError) as err:
+        d.start_role("router")
+    assert time.monotonic() - t0 < 5, time.monotonic() - t0
+    assert err.value.role == "prefill" and "died while the router was health-gated" in str(err.value)

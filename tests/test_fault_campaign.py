@@ -66,8 +66,10 @@ def test_every_kind_has_a_rule_and_phases():
 
 # four short studies at once, two on the local cluster and two over a real sshd: each sweep co-restarts
 # its own servers on ports of its own, so the four overlap in time; the first sweep of each may end in the
-# orchestrator's own death (a resume follows, run clean)
+# orchestrator's own death (a resume follows, run clean). The sim's clock at twice the default's speed,
+# the faults' delays into the phases it paces with it: the same phases hit, each in half the time
 EPISODES = [("local", 32), ("ssh", 33), ("local", 34), ("ssh", 35)]
+CLOCK = fault_campaign.DEFAULT_CLOCK / 2
 
 
 @pytest.mark.slow
@@ -76,7 +78,10 @@ def test_a_few_dozen_faults_break_no_invariant():
     with ThreadPoolExecutor(len(EPISODES)) as pool:
         episodes = list(
             pool.map(
-                lambda ep: fault_campaign.run_episode(ep[1], ep[0], arms=6, ssh_env={}, sweeps=2), EPISODES
+                lambda ep: fault_campaign.run_episode(
+                    ep[1], ep[0], arms=6, ssh_env={}, sweeps=2, clock=CLOCK
+                ),
+                EPISODES,
             )
         )
     summary = fault_campaign.summarise(episodes, time.monotonic() - started)

@@ -221,11 +221,16 @@ class Deployment:
         """Poll each launched role's health URL until it answers 200; returns seconds from launch to
         healthy per role. DeployError for the first role that exits or passes its start-up timeout.
         Whether a role still runs is looked at every `look_s`, not at every poll: a look is a few
-        processes on its host (an SSH round trip on a remote one), a health poll one HTTP request."""
+        processes on its host (an SSH round trip on a remote one), a health poll one HTTP request.
+        The roles started before these are looked at as often: the router waits for its servers to
+        register, and one that died meanwhile fails the gate at once, not at the router's start-up timeout
+        (fault campaign seed 34: a prefill killed as the router started held its arm 20 s)."""
         pending = dict(launched)
         healthy: dict[str, float] = {}
         last = dict.fromkeys(pending, "no answer yet")
         looked = dict(launched)  # when each role was last looked at (its launch, the first time)
+        earlier = [r for r in START_ORDER if r in self.started and r not in launched]
+        earlier_looked = time.monotonic()
         while pending:
             for role, t0 in list(pending.items()):
                 plan = self.plan.roles[role]
@@ -247,6 +252,14 @@ class Deployment:
                         f"not healthy within {plan.startup_timeout_s:.0f}s ({plan.health_url}: {last[role]})",
                         self.log_tail(role),
                     )
+            if pending and earlier and time.monotonic() - earlier_looked >= look_s:
+                earlier_looked = time.monotonic()
+                for role in earlier:
+                    if not self.alive(role):
+                        gated = " and ".join(pending)
+                        raise DeployError(
+                            role, f"died while the {gated} was health-gated", self.log_tail(role)
+                        )
             if pending:
                 time.sleep(poll_s)
         return healthy
