@@ -73,6 +73,9 @@ CLOCK = fault_campaign.DEFAULT_CLOCK / 2
 
 
 @pytest.mark.slow
+# alone: its four studies keep the two cores busy on their own (45-49 s); beside the suite's other tests
+# they ran 60-68 s, CPU-bound, and the faults' moments drifted with the load
+@pytest.mark.alone
 def test_a_few_dozen_faults_break_no_invariant():
     started = time.monotonic()
     with ThreadPoolExecutor(len(EPISODES)) as pool:
