@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import fcntl
 import functools
+import importlib.util
 import os
 import random
 import resource
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -169,6 +171,17 @@ def _share_the_machine(
         tmp_path_factory.getbasetemp().parent, request.node.get_closest_marker("alone") is not None
     ):
         yield
+
+
+def script_module(path: str, name: str) -> types.ModuleType:
+    """A script of the repository (under bench/ or scripts/, which are no packages) imported as module
+    `name` and registered in sys.modules, where its dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 _MIGRATING = threading.Lock()

@@ -5,17 +5,14 @@ inside functions count), and the modules past the Hydra edge never see Hydra's c
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
-graph_script = importlib.util.module_from_spec(_spec)
-sys.modules["import_graph"] = graph_script
-_spec.loader.exec_module(graph_script)
+graph_script = script_module("scripts/import_graph.py", "import_graph")
 find_cycle, import_graph, module_files = (
     graph_script.find_cycle,
     graph_script.import_graph,

@@ -6,20 +6,14 @@ fixed seeds so that a failure names the episode to replay (`python bench/fault_c
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("fault_campaign", ROOT / "bench" / "fault_campaign.py")
-assert _spec is not None and _spec.loader is not None
-fault_campaign = importlib.util.module_from_spec(_spec)
-sys.modules["fault_campaign"] = fault_campaign
-_spec.loader.exec_module(fault_campaign)
+from tests.conftest import script_module
+
+fault_campaign = script_module("bench/fault_campaign.py", "fault_campaign")
 explained, campaign, COUNTS, KINDS = (
     fault_campaign.explained,
     fault_campaign.campaign,

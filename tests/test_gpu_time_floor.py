@@ -4,20 +4,14 @@ wrong formula shows as a bound that is not tight or not a bound."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("gpu_time_floor", ROOT / "bench" / "gpu_time_floor.py")
-assert _spec is not None and _spec.loader is not None
-floor = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_time_floor"] = floor
-_spec.loader.exec_module(floor)
+from tests.conftest import script_module
+
+floor = script_module("bench/gpu_time_floor.py", "gpu_time_floor")
 
 
 def _all_clean_share(rng, ceiling: float, icc: float, n: int, starts: int, studies: int) -> float:

@@ -3,17 +3,15 @@ scripts/test_timeline.py (which `.ci/run` prints at its end)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("test_timeline_script", ROOT / "scripts" / "test_timeline.py")
-assert _spec is not None and _spec.loader is not None
-timeline = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(timeline)
+timeline = script_module("scripts/test_timeline.py", "test_timeline_script")
 
 
 def timeline_of(tmp_path: Path, target: str, workers: str) -> list:
