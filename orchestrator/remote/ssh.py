@@ -433,6 +433,9 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
         self.timeout: float | None = None
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the proxy; closed in close()
         self._stderr_tail = ""
+        # paramiko's transport thread and the caller may close the proxy at once (a refused host key):
+        # the file is read and closed by one of them at a time
+        self._stderr_lock = threading.Lock()
         try:
             self.process = subprocess.Popen(
                 self.cmd,
@@ -461,10 +464,13 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
             return ""
         return f"ProxyCommand `{self.command}` exited {code}: {self._read_stderr() or '(no stderr)'}"
 
-    def _read_stderr(self) -> str:
-        if not self._stderr.closed:
-            self._stderr.seek(0)
-            self._stderr_tail = self._stderr.read()[-2000:].decode(errors="replace").strip()
+    def _read_stderr(self, then_close: bool = False) -> str:
+        with self._stderr_lock:
+            if not self._stderr.closed:
+                self._stderr.seek(0)
+                self._stderr_tail = self._stderr.read()[-2000:].decode(errors="replace").strip()
+                if then_close:
+                    self._stderr.close()
         return self._stderr_tail
 
     def close(self) -> None:
@@ -478,8 +484,7 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
         for pipe in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):
                 pipe.close()  # type: ignore[union-attr]
-        self._read_stderr()
-        self._stderr.close()
+        self._read_stderr(then_close=True)
 
 
 # --- the persistent shell: what it is sent, how its answers are framed (pure) ---------------------------
