@@ -229,7 +229,7 @@ class Deployment:
         healthy: dict[str, float] = {}
         last = dict.fromkeys(pending, "no answer yet")
         looked = dict(launched)  # when each role was last looked at (its launch, the first time)
-        earlier = [r for r in START_ORDER if r in self.started and r not in launched]
+        earlier = [r for r in START_ORDER if r not in launched]
         earlier_looked = time.monotonic()
         while pending:
             for role, t0 in list(pending.items()):
@@ -254,12 +254,9 @@ class Deployment:
                     )
             if pending and earlier and time.monotonic() - earlier_looked >= look_s:
                 earlier_looked = time.monotonic()
-                for role in earlier:
-                    if not self.alive(role):
-                        gated = " and ".join(pending)
-                        raise DeployError(
-                            role, f"died while the {gated} was health-gated", self.log_tail(role)
-                        )
+                if dead := self.dead_role(earlier):
+                    gated = " and ".join(pending)
+                    raise DeployError(dead, f"died while the {gated} was health-gated", self.log_tail(dead))
             if pending:
                 time.sleep(poll_s)
         return healthy
@@ -318,9 +315,9 @@ class Deployment:
             tails = "\n".join(f"[{r}] {self.log_tail(r)[-1500:]}" for r in ("decode", "router"))
             raise DeployError("router", f"warm-up request failed: HTTP {status}: {body[:300]}", tails)
 
-    def dead_role(self) -> str | None:
-        """The first role whose server, started for this arm, is no longer running (None: all alive)."""
-        for role in START_ORDER:
+    def dead_role(self, roles: Sequence[str] = START_ORDER) -> str | None:
+        """The first of `roles` whose server, started for this arm, is no longer running (None: all alive)."""
+        for role in roles:
             if role in self.started and not self.alive(role):
                 return role
         return None
