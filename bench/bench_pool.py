@@ -39,6 +39,7 @@ from pathlib import Path
 import mlflow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' loopback Ray head
+from tests.conftest import sim_clock
 from tests.pool.ray_head import RAY_ENV, local_ray_head
 
 POOL = ["hydra/launcher=heisenhunt_ray", "cluster_pool=local2"]
@@ -171,10 +172,7 @@ def main() -> int:
     if args.study != "quick":  # quick: the default study, `python -m orchestrator` with no experiment
         sweep.insert(0, f"+experiment={args.study}")
     if args.time_scale is not None:
-        sweep += [
-            f"deployment.roles.{role}.env.HEISENHUNT_SIM_TIME_SCALE='{args.time_scale}'"
-            for role in ("prefill", "decode")
-        ]
+        sweep += sim_clock(args.time_scale)
     cores = os.cpu_count() or 1
     print(f"sweep: python -m orchestrator {' '.join(sweep)}  ({cores} CPUs seen)")
     codes = {"": HERE} if not args.before else {"before: ": str(Path(args.before).resolve()), "after: ": HERE}

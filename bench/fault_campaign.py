@@ -63,6 +63,7 @@ from tests.conftest import (  # noqa: E402
     local_cluster_overrides,
     pool_overrides,
     seed_mlflow_store,
+    sim_clock,
 )
 
 ROLES = ("prefill", "decode", "router")
@@ -209,8 +210,7 @@ class Sandbox:
             sys.executable, "-m", "orchestrator", "-m", *self.cluster_overrides,
             f"tracking.uri={self.uri}", f"report.dir={self.root}/reports", f"study.name={study}",
             f"hydra.sweep.dir={self.sweep_dir(sweep)}", "hydra.sweep.subdir=${hydra.job.num}", *ARM,
-            *(f"deployment.roles.{role}.env.HEISENHUNT_SIM_TIME_SCALE={self.clock}"
-              for role in ("prefill", "decode") if self.clock != DEFAULT_CLOCK),
+            *(sim_clock(self.clock) if self.clock != DEFAULT_CLOCK else ()),
             *extra,
         ]  # fmt: skip
 

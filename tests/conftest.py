@@ -236,14 +236,18 @@ def ssh_port_that_hangs_up() -> Iterator[int]:
         yield srv.getsockname()[1]
 
 
+def sim_clock(scale: float) -> list[str]:
+    """The overrides that run the sim's prefill and decode at `scale` of the modelled hardware's clock."""
+    return [
+        f"deployment.roles.{role}.env.HEISENHUNT_SIM_TIME_SCALE={scale}" for role in ("prefill", "decode")
+    ]
+
+
 # The sim's clock at 0.05 of the modelled hardware (the shipped deployment runs at 0.2): a study's stress
 # and throughput sweep take a quarter of the time, and its corruption rates are those the calibration
 # bands are checked at (tests/sim/test_calibration.py runs at 0.05). For studies whose checks are
 # verdicts and rates; not where a phase must last long enough to be interrupted.
-FAST_SIM = [
-    "deployment.roles.prefill.env.HEISENHUNT_SIM_TIME_SCALE=0.05",
-    "deployment.roles.decode.env.HEISENHUNT_SIM_TIME_SCALE=0.05",
-]
+FAST_SIM = sim_clock(0.05)
 
 
 def local_cluster_overrides(tmp_path: Path) -> list[str]:
