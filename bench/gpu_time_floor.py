@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
+from orchestrator.analysis.cost import effective_sessions
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -50,17 +52,15 @@ class Cluster:
         return self.restart_s + sessions * self.session_s
 
 
-def start_information(p: float, icc: float, n: float) -> float:
-    """1 / the variance of one start's observed rate: what a start of n sessions tells of its arm's."""
-    return 1.0 / (p * (1 - p) * (icc + (1 - icc) / n))
+def start_information(p: float, icc: float, n: int) -> float:
+    """1 / the variance of one start's observed rate, p (1 - p) (icc + (1 - icc) / n): what a start of n
+    sessions tells of its arm's, its effective sessions over p (1 - p)."""
+    return effective_sessions(n, icc) / (p * (1 - p))
 
 
 def cheapest_information(p: float, icc: float, cluster: Cluster, largest: int = 100_000) -> tuple[float, int]:
     """GPU-seconds per unit of information at the best start size, and that size."""
-    n = np.arange(1, largest + 1, dtype=float)
-    per_unit = cluster.start_s(n) / start_information(p, icc, n)
-    best = int(np.argmin(per_unit))
-    return float(per_unit[best]), best + 1
+    return min((cluster.start_s(n) / start_information(p, icc, n), n) for n in range(1, largest + 1))
 
 
 def reduction_floor_s(p_base: float, p_treat: float, icc: float, alpha: float, power: float,
