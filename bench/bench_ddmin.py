@@ -51,9 +51,10 @@ def main() -> int:
     studies = int(next((a for a in sys.argv[1:] if a.isdigit()), 1000))
     print("| case | design | exact minimal set | sessions per study | vs fixed one-at-a-time | command |")
     print("|---|---|---|---|---|---|")
+    results = {}
     for name, extra in CASES.items():
         args = ["+experiment=ddmin_serve_script", *extra, f"rehearse.studies={studies}", "rehearse.seed=5"]
-        result = from_config(args)
+        result = results[name] = from_config(args)
         fixed = result["one_at_a_time_sessions"]
         seq = result["one_at_a_time"]
         command = "python -m orchestrator.study.rehearse " + " ".join(args)
@@ -69,6 +70,13 @@ def main() -> int:
         print(
             f"| {name} | ddmin / sequential one at a time | | "
             f"{result['sessions_per_study'] / seq['sessions_per_study']:.2f} | | |"
+        )
+    print()
+    for name, result in results.items():
+        roles = result["by_role"]
+        print(
+            f"{name}, trials per study x the starts each pooled: "
+            + ", ".join(f"{role} {r['per_study']:.1f} x {r['starts_each']:.2f}" for role, r in roles.items())
         )
     if "--live" in sys.argv:
         print()

@@ -653,7 +653,8 @@ def ddmin_deploy(
     and found clean; with its throughput verdict against the good configuration (the baseline)."""
     if search["deploy"] is None or not search["done"]:
         return None
-    trial = next((t for t in search["trials"] if t["role"] == "deploy"), None)
+    # the check of the answer's attempt (a failed attempt checked a configuration to deploy too)
+    trial = next((t for t in reversed(search["trials"]) if t["role"] == "deploy"), None)
     if trial is None or trial["verdict"] != ddmin.CLEAN:
         return None
     ids = [d.id for d in spec.ddmin.differences]

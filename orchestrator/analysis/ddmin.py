@@ -14,33 +14,43 @@ differences of n; ddmin's chunks and complements ask for about twice as many onc
 in different chunks, and here every subset costs server starts); then, as ddmin ends, each difference
 found is removed in turn, so the answer is 1-minimal whatever the form of the cause. Its oracle is a
 server start that may or may not show a rare bug, so each subset tried is an arm (good + subset, each
-difference a two-level factor `good`/`bad`) whose verdict comes from its runs, by the sequential
-machinery (`sequential.evidence`: the `over` and `under` e-values against the study's ceiling, on
-beta-binomial runs with the study's ICC):
-- corrupting: the rate is above the ceiling (e-value of `over` >= 1 / alpha_j);
-- clean: the rate is under the ceiling (`under` >= 1 / alpha_j);
-- undecided after `study.stopping.max_runs_per_arm` runs: taken the way its evidence leans (the larger
-  of the two e-values), and reported: the error bound then no longer covers the answer.
-No verdict before `study.stopping.min_runs_per_arm` runs (one start cannot show the restart variation).
+difference a two-level factor `good`/`bad`).
 
-Error rate: the j-th subset the search asks about is tested at alpha_j (`test_alpha`), planned from the
-number of differences n before any run. A search over n differences, two of which corrupt only together,
-asks about J = planned_tests(n) subsets on average (15 of 20); each of the first J gets alpha / (J + 1),
-and the last share is spread over any further ones as alpha / (i (i + 1)) spreads alpha. These sum to
-alpha over any number of tests. Why plan for two: a subset's threshold is log(1 / alpha_j), so planning
-for more tests than come costs little on each (one culprit of 20 asks about 8-9 subsets: log(16 / 9),
-under a quarter of a clean run's evidence), while each test past the plan pays log(i (i + 1)) more, and
-three that corrupt together ask about 19 of 20. (alpha / (j (j + 1)), spent from the first subset on,
-gave the 15th alpha / 240: 2.7 nats more to reach than alpha / 16, about one clean run's evidence.) Each
-verdict is an anytime-valid test (Ville's inequality), so the chance that any verdict of the whole search
-is wrong is at most alpha (for the ICC used), and when every verdict is right ddmin's answer is exactly
-1-minimal; when the corruption needs one conjunction of differences, that is the true minimal set.
+Steer, then check. A search asks about a dozen subsets (15 of 20 for two differences that corrupt
+together), and testing each at its share of alpha makes every one of them pay for the multiplicity: at
+alpha / 16 a subset needs 5.8 nats, which two clean starts of 60 do not give at the built-in model's ICC
+(5.2), so most took three or four starts. Yet the answer rests on a few claims only. So:
+- **the good and bad configurations are checked first** (the search's premises: clean, corrupting);
+- **the steering** asks QuickXplain's subsets one start at a time and acts on a subset's lean once its
+  likelihood ratio against the ceiling reaches 10 (`steer_of`: one clean start of 60 does, as does one
+  with 8 corrupted of 60 at a 5% ceiling); a lean is never a verdict, it only chooses what to ask next;
+- **the answer is checked on fresh runs**: the candidate corrupts, it is clean without any one of its
+  differences (each is necessary), and the configuration to deploy (the bad one without it), either
+  way. A check's runs are started after its candidate was chosen (attempt v's runs are repetitions
+  v * ATTEMPT_BLOCK onwards, a block of their own), so what chose the candidate cannot bias them, and
+  each check is an anytime-valid test of a fixed claim (`sequential.evidence`: the `over` and `under`
+  e-values against the study's ceiling, on beta-binomial runs with the study's ICC):
+  corrupting (over >= 1 / alpha_j), clean (under >= 1 / alpha_j), or, after
+  `study.stopping.max_runs_per_arm` runs, taken the way its evidence leans and reported (the error bound
+  then no longer covers the answer); none before `study.stopping.min_runs_per_arm` runs.
+- A check that contradicts its candidate (a necessary difference is not, the candidate is clean) fails
+  the attempt; its runs then steer the next one, whose candidate is checked on a new block. At most
+  MAX_ATTEMPTS candidates are checked.
+
+Error rate: the j-th check is tested at alpha_j (`test_alpha`), planned before any run: a two-difference
+answer takes PLANNED_CHECKS = 6 checks (good, bad, candidate, the candidate without each of its two,
+deploy), each at alpha / 7, and the last share is spread over any further checks (a larger answer, a
+failed attempt) as alpha / (i (i + 1)) spreads alpha. These sum to alpha over any number of checks, so
+the chance that any check of the search is wrong is at most alpha (for the ICC used), whatever the
+steering did; a wrong lean costs starts, never a wrong answer. When every check is right the answer
+is 1-minimal and corrupts, and when the corruption needs one conjunction of differences it is the true
+minimal set. At alpha / 7 a check needs 4.9 nats: two clean starts of 60 give 5.2 at ICC 0.005.
 
 Arms already run are reused: the search is a pure function of every run so far (`search`), replayed
-from the start at each look, so a resumed study, or a subset the search asks about twice, spends
-nothing twice. Before the search, the good configuration must be clean and the bad one corrupting;
-after it, the configuration to deploy (the bad one minus the minimal set) is tried too: if it still
-corrupts, the bad configuration has another cause as well, and the report says so.
+from the start at each look, so a resumed study spends nothing twice; the steering reads each subset's
+steering runs in order and only as many as its lean needs, so an attempt's candidate never changes with
+runs started after it. If the bad configuration without the minimal set still corrupts, it has another
+cause as well, and the report says so.
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.analysis.sequential import Evidence, evidence, plug_in_icc
+from orchestrator.analysis.sequential import FINE_GRID, Evidence, evidence, plug_in_icc, run_loglik
 from orchestrator.config.plan import BAD, GOOD, difference_label
 
 CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
@@ -68,32 +78,32 @@ def one_at_a_time_sessions(differences: int, run_size: int) -> int:
     return (differences + 1) * ONE_AT_A_TIME_STARTS * run_size
 
 
-# the search plans its alpha for this many differences that corrupt only together (module doc: why two)
+# the answer's checks are planned for this many differences that corrupt only together (module doc)
 PLANNED_NEEDED = 2
+# the checks of an answer: the good and bad configurations, the candidate, the candidate without each of
+# its PLANNED_NEEDED differences, and the configuration to deploy
+PLANNED_CHECKS = 4 + PLANNED_NEEDED
+# a check's runs of attempt v are repetitions [v * ATTEMPT_BLOCK, (v + 1) * ATTEMPT_BLOCK): fresh runs,
+# started after the candidate they check was chosen (block 0: the good and bad checks, and the steering)
+ATTEMPT_BLOCK = 1000
+# candidates checked before the search gives up (each failed check is steering evidence for the next)
+MAX_ATTEMPTS = 3
+# the steering acts on a lean this strong: a likelihood ratio of 10 (the rate's maximum against the
+# ceiling); it decides only which subset is asked next, never a verdict
+STEER_LOG_RATIO = math.log(10)
+
+STEER = "steer"
 
 
-def planned_tests(differences: int) -> int:
-    """How many subsets the search is expected to ask about over this many differences when
-    PLANNED_NEEDED of them corrupt only together, averaged over where they sit: the bad, deploy and good
-    checks, QuickXplain's subsets (about k (1.45 log2(n / k) + 0.7) for k needed differences of n, with
-    an exact oracle: fewer than Junker's bound 2k log2(n / k) + 2k) and the one one-minimality removal
-    QuickXplain has not asked about already. Within 0.2 of an exact oracle's average for 3 to 200
-    differences (tests/test_ddmin.py measures it)."""
-    k = PLANNED_NEEDED
-    n = max(differences, k)
-    return round(4 + k * (1.45 * math.log2(n / k) + 0.7))
-
-
-def test_alpha(alpha: float, differences: int, index: int) -> float:
-    """The error rate the index-th subset tried (1-based) is tested at, planned before any run: J + 1
-    equal shares of alpha for J = planned_tests(differences), one for each of the first J subsets and
-    the last spread over any further ones as alpha / (i (i + 1)) spreads alpha over the i-th. These sum
-    to alpha over any number of tests, and never increase with the index."""
-    planned = planned_tests(differences)
-    share = alpha / (planned + 1)
-    if index <= planned:
+def test_alpha(alpha: float, index: int) -> float:
+    """The error rate of the index-th check (1-based) of the search, planned before any run: PLANNED_CHECKS
+    + 1 equal shares of alpha, one for each of the first PLANNED_CHECKS checks and the last spread over any
+    further ones as alpha / (i (i + 1)) spreads alpha over the i-th. These sum to alpha over any number
+    of checks, and never increase with the index."""
+    share = alpha / (PLANNED_CHECKS + 1)
+    if index <= PLANNED_CHECKS:
         return share
-    extra = index - planned
+    extra = index - PLANNED_CHECKS
     return share / (extra * (extra + 1))
 
 
@@ -112,10 +122,15 @@ def describe_subset(subset: Subset, ids: Sequence[str]) -> str:
     return difference_label(sorted(subset), ids)
 
 
+def block_of(repetition: int) -> int:
+    """The attempt a run belongs to (0: the good and bad checks and the steering)."""
+    return repetition // ATTEMPT_BLOCK
+
+
 def verdict_of(
     runs: Runs, icc: float, ceiling: float, log_threshold: float, min_runs: int, max_runs: int
 ) -> tuple[str | None, Evidence]:
-    """A subset's verdict from its runs (None: run it again) and the evidence behind it."""
+    """A check's verdict from its runs (None: run it again) and the evidence behind it."""
     ev = evidence((), runs, icc, ceiling, 0.0)
     if len(runs) < min_runs:
         return None, ev
@@ -128,26 +143,59 @@ def verdict_of(
     return None, ev
 
 
+def steer_of(runs: Runs, icc: float, ceiling: float) -> tuple[str | None, Evidence]:
+    """The steering's lean on a subset from its runs (None: not strong enough yet): the log likelihood
+    ratio of the rate's maximum against the ceiling, on the side the maximum lies (module doc)."""
+    if not runs:
+        return None, Evidence()
+    fine = run_loglik(runs, "fine", icc)
+    top, rate = float(fine.max()), float(FINE_GRID[fine.argmax()])
+    at_ceiling = float(run_loglik(runs, ("point", ceiling, 0.0), icc)[0])
+    ratio = max(0.0, top - at_ceiling)
+    ev = Evidence(over=ratio) if rate > ceiling else Evidence(under=ratio)
+    if ev.over >= STEER_LOG_RATIO:
+        return CORRUPTING, ev
+    if ev.under >= STEER_LOG_RATIO:
+        return CLEAN, ev
+    return None, ev
+
+
 @dataclass(frozen=True)
 class Trial:
-    """One subset the search asked about: its verdict (None: still running) and the evidence."""
+    """One question the search asked of a subset: a check (its verdict at its own alpha, None while it
+    runs) or a steering lean (role "steer", alpha 0: it only chooses what to ask next)."""
 
     index: int
     subset: Subset
-    role: str  # "good", "bad", "search" or "deploy"
+    role: str  # "good", "bad", "steer", "candidate", "without <id>" or "deploy"
     alpha: float
     runs: tuple[tuple[int, int], ...]
     verdict: str | None
     evidence: Evidence
+    attempt: int = 0
+    log_threshold: float = 0.0
+
+    @property
+    def check(self) -> bool:
+        return self.role != STEER
+
+
+@dataclass(frozen=True)
+class Need:
+    """Runs a subset needs next: in which block (attempt), and for what (a check's role, or steer)."""
+
+    subset: Subset
+    block: int
+    role: str
 
 
 @dataclass(frozen=True)
 class Search:
-    """Where the search stands: the trials so far in the order asked, the subset it needs a verdict for
-    next (None: done), and once done the minimal set, the configuration to deploy and why it ended."""
+    """Where the search stands: the trials so far in the order asked, the subsets it needs runs of next
+    (none: done), and once done the minimal set, the configuration to deploy and why it ended."""
 
     trials: list[Trial]
-    need: Subset | None
+    needs: list[Need]
     minimal: Subset | None = None
     deploy: Subset | None = None
     outcome: str = ""
@@ -156,9 +204,9 @@ class Search:
 
 
 class _Need(Exception):
-    def __init__(self, subset: Subset):
-        super().__init__(sorted(subset))
-        self.subset = subset
+    def __init__(self, needs: list[Need]):
+        super().__init__([sorted(n.subset) for n in needs])
+        self.needs = needs
 
 
 def split(items: Sequence[str], n: int) -> list[list[str]]:
@@ -236,85 +284,171 @@ class Settings:
         )
 
 
-def study_icc(runs_by_subset: Mapping[Subset, Runs], assumed: float) -> float:
-    """The ICC the verdicts use: estimated from every arm's runs (as the other designs do), never
-    below the study's assumed one."""
-    return plug_in_icc(list(runs_by_subset.values()), assumed)
+# a subset's pooled runs by repetition: {repetition: (corrupted, sessions)}
+RunsByRepetition = Mapping[int, tuple[int, int]]
 
 
-def search(ids: Sequence[str], runs_by_subset: Mapping[Subset, Runs], settings: Settings) -> Search:
-    """Replay the search on the runs so far (module doc): the verdict of every subset asked about, and
-    the next subset needing runs, or the answer."""
+def in_blocks(runs: RunsByRepetition, blocks: Callable[[int], bool]) -> list[tuple[int, int]]:
+    """A subset's runs whose block passes `blocks`, in repetition order."""
+    return [tuple(runs[r]) for r in sorted(runs) if blocks(block_of(r))]  # type: ignore[misc]
+
+
+def study_icc(runs_by_subset: Mapping[Subset, RunsByRepetition], assumed: float) -> float:
+    """The ICC the checks use: estimated from every subset's runs, all blocks pooled (as the other
+    designs do), never below the study's assumed one."""
+    return plug_in_icc([list(r.values()) for r in runs_by_subset.values()], assumed)
+
+
+def checks_of(candidate: Subset, everything: Subset) -> list[tuple[Subset, str, str | None]]:
+    """What an answer must show, as (subset, role, the verdict it needs; None: either is an answer): the
+    candidate corrupts, it is clean without any one of its differences (each is necessary), and the
+    configuration to deploy (the bad one without it), whichever it is."""
+    out: list[tuple[Subset, str, str | None]] = [(candidate, "candidate", CORRUPTING)]
+    out += [(candidate - {d}, f"without {d}", CLEAN) for d in sorted(candidate)]
+    return [*out, (everything - candidate, "deploy", None)]
+
+
+def search(
+    ids: Sequence[str], runs_by_subset: Mapping[Subset, RunsByRepetition], settings: Settings
+) -> Search:
+    """Replay the search on the runs so far (module doc): every check's verdict and steering lean, and
+    the subsets needing runs next, or the answer."""
     icc = study_icc(runs_by_subset, settings.assumed_icc)
     trials: list[Trial] = []
     steps: list[str] = []
-    asked: dict[Subset, Trial] = {}
-
-    def oracle(subset: Subset, role: str = "search") -> bool:
-        if subset not in asked:
-            index = len(asked) + 1
-            alpha_j = test_alpha(settings.alpha, len(ids), index)
-            runs = tuple(tuple(int(x) for x in r) for r in runs_by_subset.get(subset, ()))
-            verdict, ev = verdict_of(
-                runs, icc, settings.ceiling, math.log(1 / alpha_j), settings.min_runs, settings.max_runs
-            )
-            trial = Trial(index, subset, role, alpha_j, runs, verdict, ev)
-            asked[subset] = trial
-            trials.append(trial)
-        trial = asked[subset]
-        if trial.verdict is None:
-            raise _Need(subset)
-        if trial.verdict == UNDECIDED:  # the budget is spent: go the way the evidence leans (reported)
-            return trial.evidence.over > trial.evidence.under
-        return trial.verdict == CORRUPTING
-
     everything = frozenset(ids)
+
+    def runs_of(subset: Subset) -> RunsByRepetition:
+        return runs_by_subset.get(subset, {})
+
+    def check(subset: Subset, role: str, block: int) -> Trial:
+        alpha_j = test_alpha(settings.alpha, 1 + sum(t.check for t in trials))
+        runs = tuple(in_blocks(runs_of(subset), lambda b: b == block))
+        threshold = math.log(1 / alpha_j)
+        verdict, ev = verdict_of(runs, icc, settings.ceiling, threshold, settings.min_runs, settings.max_runs)
+        trial = Trial(len(trials) + 1, subset, role, alpha_j, runs, verdict, ev, block, threshold)
+        trials.append(trial)
+        return trial
+
+    def said(trial: Trial) -> str:
+        """A check's answer: its verdict, or when its budget is spent the way its evidence leans."""
+        if trial.verdict == UNDECIDED:
+            return CORRUPTING if trial.evidence.over > trial.evidence.under else CLEAN
+        return str(trial.verdict)
+
+    def steering(attempt: int) -> Callable[[Subset], bool]:
+        """The steering oracle of an attempt: a subset's lean from the runs of the failed attempts before
+        it and as many of its steering runs (block 0) as the lean needs, in order, so an attempt's
+        candidate never depends on runs started after it was chosen."""
+        asked: dict[Subset, Trial] = {}
+
+        def corrupts(subset: Subset) -> bool:
+            if subset == everything or not subset:
+                return bool(subset)  # the good and bad checks settled these
+            if subset not in asked:
+                earlier = in_blocks(runs_of(subset), lambda b: 1 <= b < attempt)
+                own = in_blocks(runs_of(subset), lambda b: b == 0)
+                lean, ev, used = None, Evidence(), 0
+                for used in range(0 if earlier else 1, len(own) + 1):
+                    lean, ev = steer_of(earlier + own[:used], settings.assumed_icc, settings.ceiling)
+                    if lean is not None:
+                        break
+                if lean is None and len(own) >= settings.max_runs:
+                    lean = CORRUPTING if ev.over > ev.under else CLEAN
+                runs = tuple(earlier + own[:used])
+                trial = Trial(len(trials) + 1, subset, STEER, 0.0, runs, lean, ev, attempt, STEER_LOG_RATIO)
+                trials.append(trial)
+                asked[subset] = trial
+            trial = asked[subset]
+            if trial.verdict is None:
+                raise _Need([Need(subset, 0, STEER)])
+            return trial.verdict == CORRUPTING
+
+        return corrupts
+
     try:
-        if oracle(frozenset(), "good"):
+        good = check(frozenset(), "good", 0)
+        if good.verdict is None:
+            raise _Need([Need(frozenset(), 0, "good")])
+        if said(good) == CORRUPTING:
             return Search(
-                trials, None, outcome="the good configuration corrupts too: nothing to search", icc=icc
+                trials, [], outcome="the good configuration corrupts too: nothing to search", icc=icc
             )
-        if not oracle(everything, "bad"):
+        bad = check(everything, "bad", 0)
+        if bad.verdict is None:
+            raise _Need([Need(everything, 0, "bad")])
+        if said(bad) == CLEAN:
             return Search(
-                trials,
-                None,
-                outcome="the bad configuration does not corrupt here: nothing to search",
-                icc=icc,
+                trials, [], outcome="the bad configuration does not corrupt here: nothing to search", icc=icc
             )
-        minimal = frozenset(one_minimal(quickxplain(list(ids), oracle, steps.append), oracle, steps.append))
-        deploy = everything - minimal
-        if oracle(deploy, "deploy"):
-            outcome = (
-                "minimal set found, but the bad configuration without it still corrupts: it has another "
-                "cause too (run the search again from the configuration to deploy)"
-            )
-        else:
-            outcome = "minimal set found; the bad configuration without it is clean"
-        return Search(trials, None, minimal, deploy, outcome, steps, icc)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            steer = steering(attempt)
+            note = steps.append
+            candidate = frozenset(one_minimal(quickxplain(list(ids), steer, note), steer, note))
+            note(f"attempt {attempt}: checking {describe_subset(candidate, ids)} on fresh runs")
+            pending: list[Need] = []
+            failed = ""
+            deploy_said = None
+            for subset, role, wanted in checks_of(candidate, everything):
+                if subset in (frozenset(), everything):  # the good or bad check answers it already
+                    answer = said(good if not subset else bad)
+                else:
+                    trial = check(subset, role, attempt)
+                    if trial.verdict is None:
+                        pending.append(Need(subset, attempt, role))
+                        continue
+                    answer = said(trial)
+                if role == "deploy":
+                    deploy_said = answer
+                if wanted is not None and answer != wanted and not failed:
+                    failed = f"{describe_subset(subset, ids)} is {answer}, not {wanted}"
+            if failed:
+                note(f"attempt {attempt} fails: {failed}; its runs steer the next")
+                continue
+            if pending:
+                raise _Need(pending)
+            deploy = everything - candidate
+            if deploy_said == CORRUPTING:
+                outcome = (
+                    "minimal set found, but the bad configuration without it still corrupts: it has another "
+                    "cause too (run the search again from the configuration to deploy)"
+                )
+            else:
+                outcome = "minimal set found; the bad configuration without it is clean"
+            return Search(trials, [], candidate, deploy, outcome, steps, icc)
+        return Search(
+            trials,
+            [],
+            outcome=f"no candidate held up to its checks in {MAX_ATTEMPTS} attempts: nothing shown",
+            steps=steps,
+            icc=icc,
+        )
     except _Need as need:
-        return Search(trials, need.subset, steps=steps, icc=icc)
+        return Search(trials, need.needs, steps=steps, icc=icc)
 
 
 def error_bound(result: Search) -> tuple[float, str]:
-    """The chance that some verdict of the search is wrong (the sum of the alphas spent), and whether
-    the bound covers the answer (not when a verdict was left undecided)."""
-    spent = sum(t.alpha for t in result.trials)
-    undecided = [t for t in result.trials if t.verdict == UNDECIDED]
+    """The chance that some check of the search is wrong (the sum of the alphas spent), and whether
+    the bound covers the answer (not when a check was left undecided)."""
+    spent = sum(t.alpha for t in result.trials if t.check)
+    undecided = [t for t in result.trials if t.check and t.verdict == UNDECIDED]
     if undecided:
-        return spent, f"not covered: {len(undecided)} subset(s) undecided within the run budget"
+        return spent, f"not covered: {len(undecided)} check(s) undecided within the run budget"
     return spent, "covers the answer"
 
 
-def next_repetition(started: set[int] | frozenset[int]) -> int:
-    """The repetition a subset's next run gets: one past every one started (finished or not)."""
-    return max(started) + 1 if started else 0
+def next_repetition(started: set[int] | frozenset[int], block: int = 0) -> int:
+    """The repetition a subset's next run in `block` gets: one past every one started there (finished or
+    not), else the block's first."""
+    mine = [r for r in started if block_of(r) == block]
+    return max(mine) + 1 if mine else block * ATTEMPT_BLOCK
 
 
 def runs_from_records(
     records: Sequence[Any], ids: Sequence[str], used: Callable[[Any], bool]
-) -> tuple[dict[Subset, list[tuple[int, int]]], dict[Subset, set[int]]]:
-    """From a study's runs (`analysis.RunRecord`): per subset, the pooled runs' counts (by repetition)
-    and every repetition started (a killed run's too: its repetition is not run again)."""
+) -> tuple[dict[Subset, dict[int, tuple[int, int]]], dict[Subset, set[int]]]:
+    """From a study's runs (`analysis.RunRecord`): per subset, the pooled runs' counts by repetition, and
+    every repetition started (a killed run's too: its repetition is not run again)."""
     counts: dict[Subset, dict[int, tuple[int, int]]] = {}
     started: dict[Subset, set[int]] = {}
     for r in records:
@@ -322,8 +456,7 @@ def runs_from_records(
         started.setdefault(subset, set()).add(r.repetition)
         if used(r):
             counts.setdefault(subset, {})[r.repetition] = (r.corrupted, r.corrupted + r.clean)
-    runs = {s: [c for _, c in sorted(by_rep.items())] for s, by_rep in counts.items()}
-    return runs, started
+    return counts, started
 
 
 @dataclass(frozen=True)
@@ -336,25 +469,26 @@ class Round:
 
 def next_round(
     ids: Sequence[str],
-    runs: Mapping[Subset, Runs],
+    runs: Mapping[Subset, RunsByRepetition],
     started: Mapping[Subset, set[int]],
     settings: Settings,
 ) -> Round:
-    """What the sweeper launches next. A subset new to the search starts its first min_runs runs at
-    once (no verdict comes sooner). The throughput sweep rides on the good configuration's first run
-    and on the first run of the configuration to deploy, beside which the good one runs again, so the
-    ratio compares sweeps run side by side."""
+    """What the sweeper launches next: one run of each subset the search needs, in its block. A check
+    new to its block starts its first min_runs runs at once (no verdict comes sooner); the steering asks
+    one run at a time. The throughput sweep rides on the good configuration's first run and on the first
+    run of the configuration to deploy, beside which the good one runs again, so the ratio compares
+    sweeps run side by side."""
     result = search(ids, runs, settings)
-    if result.need is None:
-        return Round([], result)
-    need, role = result.need, result.trials[-1].role
-    have = started.get(need, set())
-    first = next_repetition(have)
-    count = max(1, settings.min_runs) if not have else 1  # a new subset: no verdict before min_runs
-    fresh = not have
-    jobs = [(need, first + i, fresh and i == 0 and role in ("good", "deploy")) for i in range(count)]
-    if fresh and role == "deploy" and need:
-        jobs.append((frozenset(), next_repetition(started.get(frozenset(), set())), True))
+    jobs: list[tuple[Subset, int, bool]] = []
+    for need in result.needs:
+        have = {r for r in started.get(need.subset, set()) if block_of(r) == need.block}
+        first = next_repetition(have, need.block)
+        fresh = not have
+        count = max(1, settings.min_runs) if fresh and need.role != STEER else 1
+        bench = need.role in ("good", "deploy")
+        jobs += [(need.subset, first + i, fresh and bench and i == 0) for i in range(count)]
+        if fresh and need.role == "deploy":
+            jobs.append((frozenset(), next_repetition(started.get(frozenset(), set())), True))
     return Round(jobs, result)
 
 
@@ -367,17 +501,18 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
     runs, started = runs_from_records(records, ids, used)
     result = search(ids, runs, settings)
     bound, covered = error_bound(result)
-    spent = sum(n for rs in runs.values() for _, n in rs)
-    sizes = [n for rs in runs.values() for _, n in rs]
+    sizes = [n for by_rep in runs.values() for _, n in by_rep.values()]
     run_size = round(sum(sizes) / len(sizes)) if sizes else 0
-    planned = planned_tests(len(ids))
+    share = PLANNED_CHECKS + 1
+    waiting = [describe_subset(need.subset, ids) for need in result.needs] or None
     return {
         "method": (
-            "adaptive group testing (QuickXplain, then ddmin's 1-minimal check), each subset judged by "
-            "anytime-valid e-values against the ceiling on beta-binomial runs; the j-th subset at "
-            f"alpha / {planned + 1} for the first {planned} (planned from the number of differences), one "
-            f"more share of alpha / {planned + 1} spread over any further j as alpha / (i (i + 1)) with "
-            f"i = j - {planned} (orchestrator/analysis/ddmin.py)"
+            "adaptive group testing (QuickXplain, then ddmin's 1-minimal check) steered by one start at a "
+            "time, then the answer checked on fresh runs: the candidate corrupts, it is clean without any "
+            "one of its differences, and the configuration to deploy, each by anytime-valid e-values "
+            "against the ceiling on beta-binomial runs; the good and bad configurations and the first "
+            f"{PLANNED_CHECKS - 2} checks at alpha / {share} each, one more share of alpha / {share} spread "
+            f"over any further checks as alpha / (i (i + 1)) (orchestrator/analysis/ddmin.py)"
         ),
         "differences": [
             {"id": d.id, "description": d.description, "sets": difference_settings(d)}
@@ -390,8 +525,9 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
                 "subset": [d for d in ids if d in t.subset],
                 "label": describe_subset(t.subset, ids),
                 "role": t.role,
+                "attempt": t.attempt,
                 "alpha": t.alpha,
-                "log_threshold": math.log(1 / t.alpha),
+                "log_threshold": t.log_threshold,
                 "runs": [list(r) for r in t.runs],
                 "corrupted": sum(k for k, _ in t.runs),
                 "sessions": sum(n for _, n in t.runs),
@@ -401,14 +537,14 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
             for t in result.trials
         ],
         "steps": result.steps,
-        "done": result.need is None,
-        "waiting_for": None if result.need is None else [d for d in ids if d in result.need],
+        "done": not result.needs,
+        "waiting_for": waiting,
         "minimal": None if result.minimal is None else [d for d in ids if d in result.minimal],
         "deploy": None if result.deploy is None else [d for d in ids if d in result.deploy],
         "outcome": result.outcome or "the search stopped before it ended",
         "error_bound": bound,
         "error_bound_covers": covered,
-        "sessions": spent,
+        "sessions": sum(sizes),
         "one_at_a_time_sessions": one_at_a_time_sessions(len(ids), run_size),
         "runs_started": sum(len(s) for s in started.values()),
     }

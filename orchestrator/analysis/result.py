@@ -414,6 +414,8 @@ class Trial:
     sessions: int
     verdict: str | None
     evidence: TrialEvidence
+    # the candidate this trial belongs to (0: the good and bad checks); absent before checks on fresh runs
+    attempt: int = ABSENT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,7 +428,7 @@ class DdminSearch:
     trials: tuple[Trial, ...]
     steps: tuple[str, ...]
     done: bool
-    waiting_for: tuple[str, ...] | None
+    waiting_for: tuple[str, ...] | None  # the labels of the subsets the search needs runs of next
     minimal: tuple[str, ...] | None
     deploy: tuple[str, ...] | None
     outcome: str

@@ -210,16 +210,24 @@ def sequential_states(
 def ddmin_states(
     states: Mapping[str, ArmState], trials: Sequence[Mapping[str, Any]], ids: Sequence[str]
 ) -> dict[str, ArmState]:
-    """A ddmin study's states: each subset the search tried is judged by its own trial (anytime-valid
+    """A ddmin study's states: each subset the search checked is judged by its own check (anytime-valid
     e-values at its planned share of alpha, ddmin.test_alpha), the design's multiplicity; the arm that
-    applies exactly that subset takes the trial's verdict (undetermined while it has none)."""
+    applies exactly that subset takes its last check's verdict (undetermined while it has none). A
+    steering lean is no verdict: a subset only steered keeps the state its runs give it."""
     out = dict(states)
     by_subset = {
         frozenset(d for d in ids if state.factors.get(d) == "bad"): signature
         for signature, state in out.items()
     }
-    for trial in trials:
+    for trial in ddmin_checks(trials):
         signature = by_subset.get(frozenset(trial["subset"]))
         if signature is not None:
             out[signature] = _judged(out[signature], trial["verdict"] or "undetermined", "ddmin")
     return out
+
+
+def ddmin_checks(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A ddmin search's checks (report.json's trials without the steering's leans), the last one of each
+    subset only: what judges the subset's arm."""
+    last = {frozenset(t["subset"]): t for t in trials if t["role"] != "steer"}
+    return list(last.values())

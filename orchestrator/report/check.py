@@ -16,7 +16,7 @@ the study's one arm states say (`report.json`'s `arm_states`, analysis/states.py
 - the minimal cause: its corrupting and clean arms are the states' (checked above), its conjunction
   separates them (every corrupting arm has it, no clean arm has it), and "no corruption to explain" only
   when no arm is corrupting;
-- ddmin: each tried subset's verdict is its arm's state.
+- ddmin: each checked subset's last verdict is its arm's state (a steering lean is no verdict).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis import HEADLINE_GROUPS
+from orchestrator.analysis.states import ddmin_checks
 
 TOLERANCE = 1e-9
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
@@ -190,7 +191,7 @@ def _ddmin_problems(block: Mapping[str, Any] | None, arms: Sequence[Mapping[str,
         if a["signature"] in states
     }
     out = []
-    for trial in block.get("trials") or []:
+    for trial in ddmin_checks(block.get("trials") or []):
         sig = by_subset.get(frozenset(trial["subset"]))
         if sig is None:
             continue

@@ -38,6 +38,7 @@ from orchestrator.analysis.result import (
     RatioLevel,
     StudyResult,
     ThroughputLevel,
+    Trial,
     to_json,
 )
 from orchestrator.config.shell import command_line
@@ -826,18 +827,27 @@ def ddmin_section(search: DdminSearch | None) -> list[str]:
             f"{t.corrupted}/{t.sessions}",
             f"{t.evidence.over:.2f} / {t.evidence.under:.2f}",
             f"{t.log_threshold:.2f}",
-            t.verdict or "running",
+            _trial_verdict(t),
         ]
         for t in search.trials
     ]
     out += [
-        "Subsets tried, in order (each at its own alpha: log e must reach `needs`):",
+        "Subsets tried, in order. The steering (`steer`) leans on one start at a time (its log likelihood "
+        "ratio against the ceiling must reach `needs`): it only chooses what to ask next. The answer is "
+        "then checked on runs started after it was chosen (`candidate`, `without <id>`, `deploy`; the "
+        "good and bad configurations first), each at its own alpha: log e must reach `needs`.",
         "",
         *_table(head, rows),
     ]
     if search.steps:
         out += ["Steps:", "", *[f"{i}. {step}" for i, step in enumerate(search.steps, 1)], ""]
     return out
+
+
+def _trial_verdict(trial: Trial) -> str:
+    if trial.verdict is None:
+        return "running"
+    return f"leans {trial.verdict}" if trial.role == "steer" else trial.verdict
 
 
 def reproduce_section(result: StudyResult, tracking_uri: str | None) -> list[str]:

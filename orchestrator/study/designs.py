@@ -26,7 +26,6 @@ decided once, by `choose`.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -302,9 +301,9 @@ class Ddmin:
         runs, started = ddmin.runs_from_records(records, self.ids, run_used)
         nxt = ddmin.next_round(self.ids, runs, started, ddmin.Settings.of(self.spec))
         notes = tuple(
-            f"ddmin trial {t.index} ({ddmin.describe_subset(t.subset, self.ids)}): {t.verdict or 'running'}, "
-            f"{len(t.runs)} runs, over {t.evidence.over:.2f} / under {t.evidence.under:.2f} of "
-            f"{math.log(1 / t.alpha):.2f}"
+            f"ddmin {t.role} {t.index} ({ddmin.describe_subset(t.subset, self.ids)}): "
+            f"{t.verdict or 'running'}, {len(t.runs)} runs, over {t.evidence.over:.2f} / under "
+            f"{t.evidence.under:.2f} of {t.log_threshold:.2f}"
             for t in nxt.result.trials
         )
         if not nxt.jobs:

@@ -501,10 +501,26 @@ def rehearse_ddmin(
         "sessions_per_study": sum(b["sessions"] for b in blocks) / studies,
         "runs_per_study": sum(b["runs_started"] for b in blocks) / studies,
         "trials_per_study": sum(len(b["trials"]) for b in blocks) / studies,
+        "by_role": trials_by_role(blocks),
         "covered": sum(1 for b in blocks if b["error_bound_covers"] == "covers the answer") / studies,
         "mean_error_bound": sum(b["error_bound"] for b in blocks) / studies,
         "one_at_a_time_sessions": ddmin.one_at_a_time_sessions(len(ids), sessions),
         "one_at_a_time": one_at_a_time_rehearsal(spec, truth_of, truth, sessions, studies, seed, kill_rate),
+    }
+
+
+def trials_by_role(blocks: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per role of a ddmin trial (steer, good, bad, candidate, without, deploy): how many trials a study
+    has and the starts each pooled, on average."""
+    count: dict[str, int] = {}
+    starts: dict[str, int] = {}
+    for b in blocks:
+        for t in b["trials"]:
+            role = t["role"].split()[0]  # "without <id>": one role
+            count[role] = count.get(role, 0) + 1
+            starts[role] = starts.get(role, 0) + len(t["runs"])
+    return {
+        role: {"per_study": n / len(blocks), "starts_each": starts[role] / n} for role, n in count.items()
     }
 
 
@@ -582,6 +598,10 @@ def render_ddmin(result: Mapping[str, Any]) -> str:
         f"({d['differences'] + 1} arms x {ddmin.ONE_AT_A_TIME_STARTS} starts): "
         f"{result['one_at_a_time_sessions']} sessions, ratio "
         f"{result['sessions_per_study'] / result['one_at_a_time_sessions']:.2f}",
+        "trials per study, and the starts each pooled: "
+        + ", ".join(
+            f"{role} {r['per_study']:.1f} x {r['starts_each']:.2f}" for role, r in result["by_role"].items()
+        ),
         f"error bound covers the answer in {result['covered']:.1%} of studies "
         f"(mean bound {result['mean_error_bound']:.3f})",
         f"one at a time (sequential design, {result['one_at_a_time']['arms']} arms, the same truths): "
