@@ -7,8 +7,9 @@ code that judges real runs: `python -m orchestrator.study.rehearse`, which print
 STUDIES per case, default 1000. Cases: one culprit of 20 (`+experiment=ddmin_serve_script`), and two
 that corrupt only together (`factor/index_k=fp8`: the good script kept fp8 index keys), split across
 the halves of the list. Prints, per case: how often each design finds exactly the true minimal set and
-the sessions it spends, and the ratios. `--live` also runs the one-culprit study once on the embedded
-default (real servers, about four minutes on 2 cores) and prints what it spent.
+the sessions it spends, and the ratios; then, per case, the trials of each role a study has (the
+steering's, each check's) and the starts each pooled. `--live` also runs the one-culprit study once on
+the embedded default (real servers, about four minutes on 2 cores) and prints what it spent.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.study.rehearse import from_config
+from orchestrator.study.rehearse import describe_by_role, from_config
 
 CASES = {"1 of 20": [], "2 of 20 (together)": ["factor/index_k=fp8"]}
 
@@ -73,11 +74,7 @@ def main() -> int:
         )
     print()
     for name, result in results.items():
-        roles = result["by_role"]
-        print(
-            f"{name}, trials per study x the starts each pooled: "
-            + ", ".join(f"{role} {r['per_study']:.1f} x {r['starts_each']:.2f}" for role, r in roles.items())
-        )
+        print(f"{name}, trials per study x the starts each pooled: {describe_by_role(result['by_role'])}")
     if "--live" in sys.argv:
         print()
         print(live())

@@ -20,7 +20,7 @@ a factor of m in the clean arms' confidence, and took the shipped dsv4 design (f
 three fixes implicated in 98.6% of rehearsed studies to 74% (Hochberg's step-up) or 60% (Holm), and the
 GPU race's 0/120 arms from implicated to partial (orchestrator/report/consistency.py).
 
-A sequential study's anytime-valid decisions and a ddmin search's trials are their designs' own tests of
+A sequential study's anytime-valid decisions and a ddmin search's checks are their designs' own tests of
 the ceiling: the arms they decided take those verdicts (`sequential_states`, `ddmin_states`), still one
 state each.
 

@@ -524,6 +524,11 @@ def trials_by_role(blocks: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, f
     }
 
 
+def describe_by_role(by_role: Mapping[str, Mapping[str, float]]) -> str:
+    """`trials_by_role` in a line: "good 1.0 x 3.99, steer 12.0 x 1.13, ..." (trials x starts each)."""
+    return ", ".join(f"{role} {r['per_study']:.1f} x {r['starts_each']:.2f}" for role, r in by_role.items())
+
+
 def one_at_a_time_rehearsal(
     spec: StudySpec,
     truth_of: Callable[[frozenset[str]], ArmTruth],
@@ -598,10 +603,7 @@ def render_ddmin(result: Mapping[str, Any]) -> str:
         f"({d['differences'] + 1} arms x {ddmin.ONE_AT_A_TIME_STARTS} starts): "
         f"{result['one_at_a_time_sessions']} sessions, ratio "
         f"{result['sessions_per_study'] / result['one_at_a_time_sessions']:.2f}",
-        "trials per study, and the starts each pooled: "
-        + ", ".join(
-            f"{role} {r['per_study']:.1f} x {r['starts_each']:.2f}" for role, r in result["by_role"].items()
-        ),
+        f"trials per study x the starts each pooled: {describe_by_role(result['by_role'])}",
         f"error bound covers the answer in {result['covered']:.1%} of studies "
         f"(mean bound {result['mean_error_bound']:.3f})",
         f"one at a time (sequential design, {result['one_at_a_time']['arms']} arms, the same truths): "
