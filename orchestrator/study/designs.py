@@ -15,8 +15,8 @@ So what is rehearsed is what runs.
 |            | factor at its baseline), times the product of the other swept keys, in batches         |
 | sequential | the ofat arms in rounds (round r: repetition r) until the anytime-valid evidence        |
 |            | decides or `study.stopping` is spent (analysis/sequential.py)                          |
-| ddmin      | the subsets of `study.ddmin.differences` the search needs a verdict for next            |
-|            | (analysis/ddmin.py)                                                                    |
+| ddmin      | the subsets of `study.ddmin.differences` the search needs runs of next: its steering,  |
+|            | then the answer's checks on fresh runs (analysis/ddmin.py)                             |
 
 A job is the list of `key=value` overrides Hydra's launcher takes, with what the rehearsal and the logs
 read beside it: its arm's label and factor levels and its repetition. Which design a sweep runs is
