@@ -380,6 +380,11 @@ def test_a_subset_is_applied_over_the_good_configuration_and_says_where_each_set
         ),
         (["ddmin_subset=[a]"], "ddmin_subset: ['a'] given, but study.ddmin.differences is empty"),
         (["study.ddmin.differences=[{id: x, roles: {decod: {env: {X: '1'}}}}]"], "decod"),
+        (
+            [f"study.ddmin.differences=[{ONE}]", "study.stopping.max_runs_per_arm=500"],
+            "study.stopping.max_runs_per_arm: 500; a ddmin study numbers each attempt's starts in blocks of "
+            "1000 repetitions, so it must be under 500",
+        ),
     ],
     ids=[
         "unknown id in the subset",
@@ -389,6 +394,7 @@ def test_a_subset_is_applied_over_the_good_configuration_and_says_where_each_set
         "two values for one setting",
         "a subset without differences",
         "misspelled role",
+        "a run budget the attempts' blocks cannot hold",
     ],
 )
 def test_bad_differences_are_refused_naming_the_key_and_what_is_accepted(compose_cfg, overrides, message):

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.analysis.sequential import FINE_GRID, Evidence, evidence, plug_in_icc, run_loglik
-from orchestrator.config.plan import BAD, GOOD, difference_label
+from orchestrator.config.plan import BAD, DDMIN_ATTEMPT_BLOCK, GOOD, difference_label
 
 CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
 
@@ -85,7 +85,7 @@ PLANNED_NEEDED = 2
 PLANNED_CHECKS = 4 + PLANNED_NEEDED
 # a check's runs of attempt v are repetitions [v * ATTEMPT_BLOCK, (v + 1) * ATTEMPT_BLOCK): fresh runs,
 # started after the candidate they check was chosen (block 0: the good and bad checks, and the steering)
-ATTEMPT_BLOCK = 1000
+ATTEMPT_BLOCK = DDMIN_ATTEMPT_BLOCK
 # candidates checked before the search gives up (each failed check is steering evidence for the next)
 MAX_ATTEMPTS = 3
 # the steering acts on a lean this strong: a likelihood ratio of 10 (the rate's maximum against the

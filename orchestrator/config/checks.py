@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.config.plan import BAD, GOOD, arm_problems, jobs_on_pool
+from orchestrator.config.plan import BAD, DDMIN_ATTEMPT_BLOCK, GOOD, arm_problems, jobs_on_pool
 from orchestrator.config.schema import (
     ROLES,
     ClusterHosts,
@@ -76,6 +76,13 @@ def difference_levels(
     unknown = sorted(set(applied or ()) - set(ids))
     if unknown:
         problems.append(f"ddmin_subset: unknown difference(s) {unknown}; accepted: {ids}")
+    # the good configuration's block 0 holds its runs and one throughput companion per attempt besides
+    most = study.stopping.max_runs_per_arm
+    if differences and most >= DDMIN_ATTEMPT_BLOCK // 2:
+        problems.append(
+            f"study.stopping.max_runs_per_arm: {most}; a ddmin study numbers each attempt's starts in blocks "
+            f"of {DDMIN_ATTEMPT_BLOCK} repetitions, so it must be under {DDMIN_ATTEMPT_BLOCK // 2}"
+        )
     if problems:
         return {}, problems
     chosen = set(applied or ())

@@ -145,6 +145,9 @@ class RoleMerge:
 
 # a ddmin difference's two levels (config.difference_levels): not applied, applied
 GOOD, BAD = "good", "bad"
+# a ddmin study's repetitions in blocks: attempt v's checks run repetitions v * DDMIN_ATTEMPT_BLOCK onwards
+# (block 0: the good and bad checks and the steering), so no subset may start this many runs in a block
+DDMIN_ATTEMPT_BLOCK = 1000
 
 
 def difference_label(applied: Sequence[str], ids: Sequence[str]) -> str:
