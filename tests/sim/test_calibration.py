@@ -52,10 +52,10 @@ def rehearsed_arms() -> dict[str, dict]:
 )
 def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm, label, low, high, reps):
     """Measured with the orchestrator's own stress runner and oracle (orchestrator/workload/stress.py).
-    The bands are averages over server starts (each start draws its own rate: restart_icc), so every
-    repetition is a fresh co-restarted deployment. The modelled load follows the workload, not the
-    host's speed (engine.py), so this runs beside other tests (test_host_load.py: beside CPU hogs).
-    The rehearsal's modelled rate must match the same starts within sampling error."""
+    Each start draws its own rate (restart_icc), so every repetition is a fresh co-restarted
+    deployment. The modelled load follows the workload, not the host's speed (engine.py), so this runs
+    beside other tests (test_host_load.py: beside CPU hogs). The rehearsal's modelled rate must lie in
+    the original hunt's band, and the starts' mean must match it within sampling error."""
     c = cluster(time_scale=0.05)
     rates, loads = [], []
     for rep in range(reps):
@@ -81,13 +81,16 @@ def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm
         rates.append(summary.corrupted / SESSIONS)
         loads.append(counters["planned_load_sum"] / counters["planned_turns"])
     mean = sum(rates) / len(rates)
-    assert low <= mean <= high, rates
     assert sim_counters(c.procs["decode"].url)["max_batch"] >= 40  # the sessions really ran concurrently
-    # the rehearsal's model: beta-binomial sampling error of the sessions in runs of SESSIONS, 3.5 SE
+    # the sim is held to the rehearsal's model (beta-binomial sampling error of the sessions in runs of
+    # SESSIONS, 3.5 SE), and the model to the original band. Not the measured mean to the band: the
+    # baseline's model sits at 16.6%, 1.4 SE under the band's top for 30 starts, so a sim exactly as
+    # modelled left it in 8% of runs (a clean-clone CI run did, at 18.3%)
     modelled = rehearsed_arms()[label]
     q, icc, n = modelled["rate"], modelled["restart_icc"], SESSIONS * reps
+    assert low <= q <= high, (q, low, high)
     se = math.sqrt(q * (1 - q) / n * (1 + (SESSIONS - 1) * icc))
-    assert abs(mean - q) <= 3.5 * se, (mean, q, se)
+    assert abs(mean - q) <= 3.5 * se, (mean, q, se, rates)
     # the load a turn joins is about the concurrency the model assumes
     assert 0.7 * SESSIONS <= sum(loads) / len(loads) <= SESSIONS, loads
 
