@@ -61,7 +61,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.analysis.sequential import FINE_GRID, Evidence, evidence, plug_in_icc, run_loglik
-from orchestrator.config.plan import BAD, DDMIN_ATTEMPT_BLOCK, GOOD, difference_label
+from orchestrator.config.plan import BAD, GOOD, difference_label
+
+# attempt v's checks run repetitions v * ATTEMPT_BLOCK onwards: fresh runs (plan.py says why)
+from orchestrator.config.plan import DDMIN_ATTEMPT_BLOCK as ATTEMPT_BLOCK
 
 CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
 
@@ -83,9 +86,6 @@ PLANNED_NEEDED = 2
 # the checks of an answer: the good and bad configurations, the candidate, the candidate without each of
 # its PLANNED_NEEDED differences, and the configuration to deploy
 PLANNED_CHECKS = 4 + PLANNED_NEEDED
-# a check's runs of attempt v are repetitions [v * ATTEMPT_BLOCK, (v + 1) * ATTEMPT_BLOCK): fresh runs,
-# started after the candidate they check was chosen (block 0: the good and bad checks, and the steering)
-ATTEMPT_BLOCK = DDMIN_ATTEMPT_BLOCK
 # candidates checked before the search gives up (each failed check is steering evidence for the next)
 MAX_ATTEMPTS = 3
 # the steering acts on a lean this strong: a likelihood ratio of 10 (the rate's maximum against the
@@ -381,9 +381,9 @@ def search(
             return Search(
                 trials, [], outcome="the bad configuration does not corrupt here: nothing to search", icc=icc
             )
+        note = steps.append
         for attempt in range(1, MAX_ATTEMPTS + 1):
             steer = steering(attempt)
-            note = steps.append
             candidate = frozenset(one_minimal(quickxplain(list(ids), steer, note), steer, note))
             note(f"attempt {attempt}: checking {describe_subset(candidate, ids)} on fresh runs")
             pending: list[Need] = []
@@ -481,9 +481,8 @@ def next_round(
     result = search(ids, runs, settings)
     jobs: list[tuple[Subset, int, bool]] = []
     for need in result.needs:
-        have = {r for r in started.get(need.subset, set()) if block_of(r) == need.block}
-        first = next_repetition(have, need.block)
-        fresh = not have
+        first = next_repetition(started.get(need.subset, set()), need.block)
+        fresh = first == need.block * ATTEMPT_BLOCK  # nothing started in its block yet
         count = max(1, settings.min_runs) if fresh and need.role != STEER else 1
         bench = need.role in ("good", "deploy")
         jobs += [(need.subset, first + i, fresh and bench and i == 0) for i in range(count)]

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.analysis import stats
+from orchestrator.analysis.ddmin import STEER
 
 STATES = ("corrupting", "clean", "undetermined")
 
@@ -229,5 +230,5 @@ def ddmin_states(
 def ddmin_checks(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """A ddmin search's checks (report.json's trials without the steering's leans), the last one of each
     subset only: what judges the subset's arm."""
-    last = {frozenset(t["subset"]): t for t in trials if t["role"] != "steer"}
+    last = {frozenset(t["subset"]): t for t in trials if t["role"] != STEER}
     return list(last.values())

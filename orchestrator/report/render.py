@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis.cost import FIGURES
+from orchestrator.analysis.ddmin import STEER
 from orchestrator.analysis.result import (
     Arm,
     Cell,
@@ -847,7 +848,7 @@ def ddmin_section(search: DdminSearch | None) -> list[str]:
 def _trial_verdict(trial: Trial) -> str:
     if trial.verdict is None:
         return "running"
-    return f"leans {trial.verdict}" if trial.role == "steer" else trial.verdict
+    return f"leans {trial.verdict}" if trial.role == STEER else trial.verdict
 
 
 def reproduce_section(result: StudyResult, tracking_uri: str | None) -> list[str]:
