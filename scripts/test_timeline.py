@@ -1,15 +1,20 @@
 """Where a test run's wall time went: read the file HEISENHUNT_TEST_TIMELINE names (tests/conftest.py writes
 a line per test: worker, start, end, CPU seconds, id) and print each worker's busy time, its idle time
 before the run's end, the tests that used the most CPU (on a machine the suite keeps busy, CPU is what
-the run's length is made of), and the tests running in the run's last minutes.
+the run's length is made of), and the tests running in the run's last minutes. With `--cpu-since FILE`
+(the first line of /proc/stat, saved when the run began), how busy the whole machine was since: the
+servers the tests start detached count there and nowhere else. A machine far from busy has room for
+another worker; a busy one only runs faster with less work.
 
+    head -1 /proc/stat > /tmp/cpu-before
     HEISENHUNT_TEST_TIMELINE=/tmp/timeline.tsv python -m pytest
-    python scripts/test_timeline.py /tmp/timeline.tsv
+    python scripts/test_timeline.py /tmp/timeline.tsv --cpu-since /tmp/cpu-before
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
@@ -58,6 +63,25 @@ def summary(rows: list[Row], tail_s: float, top: int = 0) -> str:
     return "\n".join(lines)
 
 
+def cpu_ticks(stat_line: str) -> tuple[int, int]:
+    """(busy, total) clock ticks of /proc/stat's first line ("cpu  user nice system idle iowait irq softirq
+    steal ..."): idle and iowait are not busy; guest time is inside user already."""
+    ticks = [int(x) for x in stat_line.split()[1:9]]
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, sum(ticks)
+
+
+def machine_busy(before: str, after: str, cores: int) -> str:
+    """How busy the machine's cores were between two readings of /proc/stat's first line."""
+    (busy0, total0), (busy1, total1) = cpu_ticks(before), cpu_ticks(after)
+    busy, total = busy1 - busy0, total1 - total0
+    hz = os.sysconf("SC_CLK_TCK")
+    return (
+        f"the whole machine since the run began: {busy / hz:.0f} CPU-s busy of {total / hz:.0f} "
+        f"({busy / total:.0%} of {cores} cores)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -65,8 +89,12 @@ def main() -> None:
     parser.add_argument("timeline", type=Path)
     parser.add_argument("--tail", type=float, default=180.0, help="seconds before the end to list (180)")
     parser.add_argument("--top", type=int, default=15, help="how many of the most CPU-hungry tests to list")
+    parser.add_argument("--cpu-since", type=Path, help="/proc/stat's first line, saved as the run began")
     args = parser.parse_args()
     print(summary(read(args.timeline), args.tail, args.top))
+    if args.cpu_since:
+        now = Path("/proc/stat").read_text().splitlines()[0]
+        print(machine_busy(args.cpu_since.read_text(), now, os.cpu_count() or 1))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import script_module
@@ -61,3 +62,21 @@ def test_the_summary_names_the_tests_of_the_last_minutes_and_each_workers_idle_e
     assert "gw1: 2 tests, busy 60 s, done 240 s before the end" in text
     tail = text.split("running in the last")[1]
     assert "tests/a.py::long" in tail and "tests/b.py::short" not in tail
+
+
+def test_the_machine_is_busy_for_its_non_idle_ticks_and_a_real_busy_loop_shows():
+    # user nice system idle iowait irq softirq steal: idle and iowait are the only ticks not busy
+    before, after = "cpu  100 0 50 800 50 0 0 0 0 0", "cpu  400 0 150 1300 150 0 0 0 0 0"
+    assert timeline.cpu_ticks(before) == (150, 1000)
+    assert "(40% of 2 cores)" in timeline.machine_busy(before, after, 2)
+    # a real reading around a busy loop: at least some of it counted busy, never more than all
+    first = stat_line()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass
+    (busy0, total0), (busy1, total1) = timeline.cpu_ticks(first), timeline.cpu_ticks(stat_line())
+    assert 0 < busy1 - busy0 <= total1 - total0
+
+
+def stat_line() -> str:
+    return Path("/proc/stat").read_text().splitlines()[0]

@@ -3,7 +3,9 @@
 Each job is a Ray task that runs it as Hydra's `ray` launcher does (its `start_ray` and `_run_job`, the
 same `ray.init` / `ray.remote` options). What differs is how jobs start and how results come back:
 
-- in the order jobs finish (`ray.wait`), so a lost worker is noticed while the others run;
+- a job is composed and sent when a job slot is free for it (`job_slots`), not every job before the
+  first starts; results come back in the order jobs finish (`ray.wait`), so a lost worker is noticed
+  while the others run;
 - a task whose worker or node died is one FAILED arm, not a failed sweep: its MLflow run ends FAILED with
   Ray's reason, and its pool member is declared lost at once (pool.py), to be torn down before any other
   arm runs there. Hydra's own launcher would raise on it and end the whole sweep;
@@ -168,17 +170,26 @@ class PoolRayLauncher(StudyLauncher):
             ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())
         )
         log.info("Ray launcher: %d jobs", len(job_overrides))
-        jobs: dict[Any, tuple] = {}
-        for i, overrides in enumerate(job_overrides):
-            idx = initial_job_idx + i
+        jobs: dict[Any, tuple] = {}  # in job order
+
+        def send(idx: int, overrides: Sequence[str]) -> Any:
             log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
             sweep_config = self.sweep_config(overrides, idx, job_id=f"job_id_for_{idx}")
             ref = task.remote(env, run_job_in_worker, context, sweep_config, task_function, singletons)
             jobs[ref] = (list(overrides), sweep_config)
+            return ref
+
+        slots = job_slots(self.config)
+        unsent = list(enumerate(job_overrides, start=initial_job_idx))[::-1]  # popped in job order
         results: dict[Any, JobReturn] = {}
-        pending = list(jobs)
+        pending: list[Any] = []
         try:
-            while pending:
+            while unsent or pending:
+                # a job is composed (Hydra: ~0.3 s of the driver's CPU) and sent when a job slot is free
+                # for it, not all before the first: the first arms start at once, and the rest are
+                # composed while arms run (20 jobs composed up front held the first lease back ~5 s)
+                while unsent and len(pending) < slots:
+                    pending.append(send(*unsent.pop()))
                 # a signal reaches Python only when ray.wait returns to it: without a timeout a Ctrl-C
                 # waited for the next arm to end (seed 804765948, Ray: a SIGINT mid-stress took effect
                 # 0.6 s later, after the interrupted arm had ended FINISHED)

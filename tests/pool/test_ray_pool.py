@@ -176,6 +176,10 @@ def test_ctrl_c_under_ray_stops_every_running_arm_and_leaves_nothing_running(tmp
     runs = arm_runs(tmp_path)
     # the two running arms were stopped and recorded KILLED; the two queued never started
     assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], out[-3000:]
+    # and of those two, one was sent to Ray (the spare slot, waiting on the pool) and one never composed:
+    # a job is sent when a slot is free for it, and none had ended
+    sent = re.findall(r"\t#(\d+) : ", (tmp_path / "multirun" / "multirun.log").read_text())
+    assert sorted(sent) == ["0", "1", "2"], sent
     assert not no_servers_left(tmp_path), out[-3000:]
     assert not list(tmp_path.glob("*/*.pid")) and not list(tmp_path.glob("*/lease"))
 
