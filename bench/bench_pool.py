@@ -2,7 +2,7 @@
 side by side in one run, on the embedded default (real sim servers and routers on loopback).
 
     flock /tmp/heavy.lock timeout 2400 python bench/bench_pool.py [--study NAME] [--sessions N]
-        [--time-scale X] [--before DIR]
+        [--time-scale X] [--before DIR] [--repeat R]
 
 Default sweep: `+experiment=dsv4_corruption` (5 arms x 4 starts = 20 jobs) with its throughput sweep off
 and N sessions per start (default 80). Serial: Hydra's basic launcher on `cluster=local`. Parallel:
@@ -19,6 +19,11 @@ limit it.
 
 `--before DIR`: the same setups run with the code of DIR too (e.g. `git archive <commit> | tar -x -C DIR`),
 each with its own serial run, so that the ratios before and after a change come from one run.
+
+`--repeat R`: every setup R times, interleaved (serial, pools, serial, pools, ...), each ratio taken
+against the serial run of its own repetition; prints each setup's median ratio and its range. Identical
+sweeps on a 2-core machine differ by 10% in wall time: one run's ratio says little about a difference of
+a few hundredths.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,6 +173,7 @@ def main() -> int:
     # decode steps as long as on the GPUs modelled); the shipped 0.2 runs five times faster
     parser.add_argument("--time-scale", type=float, default=None)
     parser.add_argument("--before", help="a checkout to run the same setups with, for a before/after")
+    parser.add_argument("--repeat", type=int, default=1, help="every setup this many times, interleaved")
     args = parser.parse_args()
     sweep = [f"workload.sessions={args.sessions}", "bench.enabled=false"]
     if args.study != "quick":  # quick: the default study, `python -m orchestrator` with no experiment
@@ -176,13 +183,11 @@ def main() -> int:
     cores = os.cpu_count() or 1
     print(f"sweep: python -m orchestrator {' '.join(sweep)}  ({cores} CPUs seen)")
     codes = {"": HERE} if not args.before else {"before: ": str(Path(args.before).resolve()), "after: ": HERE}
-    walls: dict[str, float] = {}
 
-    def measure(name: str, extra: list[str], code: str) -> None:
+    def measure(name: str, extra: list[str], code: str) -> float:
         with tempfile.TemporaryDirectory() as tmp:
             wall, report, statuses, cpu = run(extra, sweep, Path(tmp), code)
         assert statuses and set(statuses) == {"FINISHED"}, statuses
-        walls[name] = wall
         verdicts = {h["id"]: h["verdict"] for h in report["hypotheses"]}
         print(f"{name}: {len(statuses)} jobs FINISHED in {wall:.1f} s; verdicts {verdicts}", flush=True)
         machine = cpu.pop("machine")
@@ -193,21 +198,24 @@ def main() -> int:
             f"{machine / cores:.0f} s",
             flush=True,
         )
+        return wall
 
-    for label, code in codes.items():
-        measure(f"{label}serial, one cluster (basic launcher)", [], code)
-        measure(f"{label}parallel, pool of two, Ray started by the launcher", POOL, code)
-        with python_path(code), local_ray_head(free_port) as address:
-            measure(
-                f"{label}parallel, pool of two, Ray head already running",
-                [*POOL, f"hydra.launcher.ray.init.address={address}"],
-                code,
-            )
-    for label in codes:
-        serial = walls[f"{label}serial, one cluster (basic launcher)"]
-        for name, wall in walls.items():
-            if name.startswith(f"{label}parallel"):
-                print(f"wall-time ratio, {name} / serial: {wall / serial:.2f}")
+    ratios: dict[str, list[float]] = {}
+    for rep in range(args.repeat):
+        suffix = f" (repetition {rep + 1} of {args.repeat})" if args.repeat > 1 else ""
+        for label, code in codes.items():
+            serial = measure(f"{label}serial, one cluster (basic launcher){suffix}", [], code)
+            own_ray = f"{label}parallel, pool of two, Ray started by the launcher"
+            running = f"{label}parallel, pool of two, Ray head already running"
+            pools = {own_ray: measure(own_ray + suffix, POOL, code)}
+            with python_path(code), local_ray_head(free_port) as address:
+                joined = [*POOL, f"hydra.launcher.ray.init.address={address}"]
+                pools[running] = measure(running + suffix, joined, code)
+            for name, wall in pools.items():
+                ratios.setdefault(name, []).append(wall / serial)
+    for name, values in ratios.items():
+        spread = f" (median of {len(values)}: {min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
+        print(f"wall-time ratio, {name} / serial: {statistics.median(values):.2f}{spread}")
     return 0
 
 
