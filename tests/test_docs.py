@@ -468,19 +468,26 @@ def github_anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def prose_lines(path: Path) -> list[tuple[int, str]]:
-    """The lines outside fenced blocks, inline code removed (a link inside code is not a link)."""
+def prose_lines(path: Path, keep_code: bool = False) -> list[tuple[int, str]]:
+    """The lines outside fenced blocks, inline code removed (a link inside code is not a link), or with
+    `keep_code` only its backticks (a heading's anchor keeps the code's text, as GitHub makes it)."""
     out, fenced = [], False
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip().startswith("```"):
             fenced = not fenced
         elif not fenced:
-            out.append((number, re.sub(r"`[^`]*`", "", line)))
+            out.append((number, line.replace("`", "") if keep_code else re.sub(r"`[^`]*`", "", line)))
     return out
 
 
 def anchors(path: Path) -> set[str]:
-    return {github_anchor(line.lstrip("#")) for _, line in prose_lines(path) if line.startswith("#")}
+    return {github_anchor(line.lstrip("#")) for _, line in prose_lines(path, True) if line.startswith("#")}
+
+
+def test_a_headings_anchor_keeps_its_inline_code_as_github_does(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Top\n\n## A pool (`bench_pool.py`, `pool_phases.py`)\n\n```\n# not a heading\n```\n")
+    assert anchors(doc) == {"top", "a-pool-bench_poolpy-pool_phasespy"}
 
 
 LINKS = [
