@@ -197,7 +197,8 @@ class PoolRayLauncher(StudyLauncher):
                 for ref in done:
                     results[ref] = self._result(ref, *jobs[ref])
         except KeyboardInterrupt:
-            self._stop_all(pending, jobs)
+            # every job sent and not come back (one sent as the interrupt came is in `jobs` only)
+            self._stop_all([ref for ref in jobs if ref not in results], jobs)
             raise
         return [results[ref] for ref in jobs]
 
