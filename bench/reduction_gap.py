@@ -36,18 +36,16 @@ import numpy as np
 from scipy.special import gammaln
 
 from orchestrator.analysis.sequential import FINE_GRID, GONE, MIX_GRID, _mix, evidence, run_loglik
+from orchestrator.study.rehearse import ArmTruth, draw_counts
 
 BASELINE, TREATMENT, ICC, SESSIONS, CEILING = 0.15, 0.05, 0.02, 60, 0.03
 THRESHOLD = math.log(20)
 
 
 def draw(rng: np.random.Generator, rate: float, starts: int, icc: float = ICC) -> list[list[int]]:
-    """Beta-binomial starts, as the rehearsal draws them (binomial at ICC 0)."""
-    if icc <= 0:
-        return [[int(rng.binomial(SESSIONS, rate)), SESSIONS] for _ in range(starts)]
-    scale = (1 - icc) / icc
-    rates = rng.beta(rate * scale, (1 - rate) * scale, size=starts)
-    return [[int(rng.binomial(SESSIONS, q)), SESSIONS] for q in rates]
+    """Beta-binomial starts of SESSIONS, drawn by the rehearsal's own `draw_counts` (binomial at ICC 0)."""
+    counts = draw_counts([ArmTruth("pair", {}, rate, icc)], starts, SESSIONS, 1, rng)[0, 0]
+    return [[int(k), SESSIONS] for k in counts]
 
 
 def point(runs: list[list[int]], rate: float) -> float:
@@ -89,15 +87,13 @@ def safe_2x2(base: list[list[int]], treat: list[list[int]], icc: float = ICC) ->
     """The 2x2 test's log e-value (module doc), rounds paired in order, counts over the design effect at
     `icc`."""
     deff = 1 + (SESSIONS - 1) * icc
-    odds = np.append(ODDS, ODDS_GONE)
+    odds = np.append(ODDS, [ODDS_GONE, 1.0])  # the prior's points, then the null's (no effect)
     total = np.zeros(len(odds))
     for (kb, nb), (kt, nt) in zip(base, treat, strict=False):
         kb_e, nb_e, kt_e, nt_e = (round(v / deff) for v in (kb, nb, kt, nt))
         total += _conditional_loglik(kt_e, nt_e, nb_e, kt_e + kb_e, odds)
-        total -= float(_conditional_loglik(kt_e, nt_e, nb_e, kt_e + kb_e, np.array([1.0]))[0])
-    spread, gone = total[:-1], total[-1]
-    top = max(float(spread.max()), float(gone))
-    return top + math.log(0.5 * float(np.exp(spread - top).mean()) + 0.5 * math.exp(gone - top))
+    ratio = total[:-1] - total[-1]
+    return _mix(ratio[:-1], np.ones(len(ODDS), bool), ratio[-1:])
 
 
 def numerators(base: list[list[int]], treat: list[list[int]]) -> tuple[float, ...]:
