@@ -40,6 +40,7 @@ import numpy as np
 from scipy import special, stats
 
 from orchestrator.analysis.cost import effective_sessions
+from orchestrator.study.rehearse import ArmTruth, draw_counts
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,9 @@ def oracle_power(p_base: float, p_treat: float, icc: float, alpha: float, budget
 def _start_rates(
     rng: np.random.Generator, p: float, icc: float, n: int, shape: tuple[int, int]
 ) -> np.ndarray:
-    if icc > 0:
-        a, b = p * (1 - icc) / icc, (1 - p) * (1 - icc) / icc
-        rates = rng.beta(a, b, size=shape)
-    else:
-        rates = np.full(shape, p)
-    return rng.binomial(n, rates) / n
+    """Each start's rate k / n, shape (studies, starts), drawn by the rehearsal's own `draw_counts`."""
+    studies, starts = shape
+    return draw_counts([ArmTruth("arm", {}, p, icc)], starts, n, studies, rng)[:, 0, :] / n
 
 
 def main(argv: list[str] | None = None) -> int:
