@@ -71,6 +71,11 @@ def cpu_ticks(stat_line: str) -> tuple[int, int]:
     return sum(ticks) - idle, sum(ticks)
 
 
+def cpu_line() -> str:
+    """/proc/stat's first line now: the whole machine's clock ticks since boot."""
+    return Path("/proc/stat").read_text().splitlines()[0]
+
+
 def machine_busy(before: str, after: str, cores: int) -> str:
     """How busy the machine's cores were between two readings of /proc/stat's first line."""
     (busy0, total0), (busy1, total1) = cpu_ticks(before), cpu_ticks(after)
@@ -93,8 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     print(summary(read(args.timeline), args.tail, args.top))
     if args.cpu_since:
-        now = Path("/proc/stat").read_text().splitlines()[0]
-        print(machine_busy(args.cpu_since.read_text(), now, os.cpu_count() or 1))
+        print(machine_busy(args.cpu_since.read_text(), cpu_line(), os.cpu_count() or 1))
 
 
 if __name__ == "__main__":

@@ -70,13 +70,9 @@ def test_the_machine_is_busy_for_its_non_idle_ticks_and_a_real_busy_loop_shows()
     assert timeline.cpu_ticks(before) == (150, 1000)
     assert "(40% of 2 cores)" in timeline.machine_busy(before, after, 2)
     # a real reading around a busy loop: at least some of it counted busy, never more than all
-    first = stat_line()
+    first = timeline.cpu_line()
     end = time.monotonic() + 0.3
     while time.monotonic() < end:
         pass
-    (busy0, total0), (busy1, total1) = timeline.cpu_ticks(first), timeline.cpu_ticks(stat_line())
+    (busy0, total0), (busy1, total1) = timeline.cpu_ticks(first), timeline.cpu_ticks(timeline.cpu_line())
     assert 0 < busy1 - busy0 <= total1 - total0
-
-
-def stat_line() -> str:
-    return Path("/proc/stat").read_text().splitlines()[0]
