@@ -147,8 +147,7 @@ class StressThenBench:
         self.progress.sessions_planned(w.sessions)
         try:
             # the rest of the workload section flows through by field name
-            settings = stress_settings(
-                w,
+            given = dict(
                 url=plan.router_url,
                 out_dir=stress_dir,
                 model=plan.served_model,
@@ -157,7 +156,13 @@ class StressThenBench:
                 # the sweep's display shows the sessions (one live display on a terminal, not two)
                 progress=None if self.progress is NO_PROGRESS else False,
             )
-            summary = run_stress_sync(
+            if w.oracle == "reproducer":  # the user's own reproducer judges the sessions
+                from orchestrator.workload.reproducer import reproducer_settings, run_reproducer_sync
+
+                run_sessions, settings = run_reproducer_sync, reproducer_settings(w, **given)
+            else:
+                run_sessions, settings = run_stress_sync, stress_settings(w, **given)
+            summary = run_sessions(
                 settings,
                 server_gone=lambda: (
                     f"{role} is no longer running" if (role := deployment.dead_role()) else None

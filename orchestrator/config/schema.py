@@ -369,12 +369,30 @@ class StressConf:
     concurrency: int | None = None
     seed: int = 0
     timeout_s: float = 120.0
-    # the detector families whose findings count as corruption (structural, plan_drift: see
-    # workload/detect.py); the others are counted per arm and shown beside. Default: what the original
-    # hunt counted, both ("loses the plot": nonsensical or incomplete tool calls)
-    count: list[str] = field(default_factory=lambda: ["structural", "plan_drift"])
+    # the detector families whose findings count as corruption (workload/detect.py: structural,
+    # plan_drift, diverged_early, diverged, wrong_answer, reproducer); the others are counted per arm and
+    # shown beside. null: the oracle's own (tool_calls: structural and plan_drift, what the original hunt
+    # counted; divergence: diverged_early and diverged; both: wrong_answer where a prompt has an answer)
+    count: list[str] | None = None
     # auto | required | plan (force, each round, the call the plan expects next)
     tool_choice: str = "auto"
+    # what judges a session (docs/symptoms.md): tool_calls (the calls' structure and plan) | divergence
+    # (each turn under load against the same start's batch-1 reference) | reproducer (yours: `call` or
+    # `command`, with conf/workload/reproducer.yaml)
+    oracle: str = "tool_calls"
+    # a JSONL file of conversations in the OpenAI chat format replayed instead of the built-in
+    # tool-calling tasks (workload/prompts.py); null: the built-in tasks
+    prompts: str | None = None
+    # the most tokens a turn may generate (both passes of the divergence oracle use the same)
+    max_tokens: int = 1024
+    # divergence: a first difference within this many tokens of a turn's start is `diverged_early`
+    early_tokens: int = 16
+    # divergence: what is compared; auto: the tokens where the server returns logprobs, else the text
+    compare: str = "auto"
+    # reproducer: a Python callable, as a Hydra `_target_` node (extra keys are its keyword arguments)
+    call: Any = None
+    # reproducer: an executable's argv (HEISENHUNT_URL, _SESSIONS, _CONCURRENCY, _SEED in its env)
+    command: list[str] | None = None
 
 
 @dataclass

@@ -636,11 +636,37 @@ _ON_VIEW: dict[Callable[[StreamedTurn], str | None], Callable[[_View], str | Non
 #: (the corruption a heisenbug brings). `plan_drift`: a well-formed call that is not the plan's next
 #: one; against a weak model that is model quality, present in every arm, so a study may count it
 #: apart. The original hunt counted both ("loses the plot": nonsensical or incomplete tool calls).
+#: The other oracles' families, each its own detector: `diverged_early` and `diverged`, a turn under load
+#: whose output differs from the same start's batch-1 reference within its first `early_tokens` tokens or
+#: later (workload/divergence.py); `wrong_answer`, a conversation's last turn without its expected
+#: answer (workload/prompts.py); `reproducer`, what the user's own reproducer called corrupted.
 FAMILIES: dict[str, tuple[str, ...]] = {
     "structural": tuple(name for name, _ in STRUCTURAL),
     "plan_drift": ("wrong_call",),
+    "diverged_early": ("diverged_early",),
+    "diverged": ("diverged",),
+    "wrong_answer": ("wrong_answer",),
+    "reproducer": ("reproducer",),
 }
-DEFAULT_COUNTED: tuple[str, ...] = tuple(FAMILIES)
+#: what each oracle judges a session by (`workload.oracle`), its families in the order it counts them
+ORACLES: dict[str, tuple[str, ...]] = {
+    "tool_calls": ("structural", "plan_drift"),
+    "divergence": ("diverged_early", "diverged"),
+    "reproducer": ("reproducer",),
+}
+#: the tool-call oracle's families: what the original hunt counted
+DEFAULT_COUNTED: tuple[str, ...] = ORACLES["tool_calls"]
+
+
+def oracle_families(oracle: str, answers: bool = False) -> tuple[str, ...]:
+    """The families an oracle judges; `answers`: the prompts carry expected answers (wrong_answer)."""
+    families = ORACLES[oracle]
+    return (*families, "wrong_answer") if answers and oracle != "reproducer" else families
+
+
+def counted_families(oracle: str, count: object, answers: bool = False) -> tuple[str, ...]:
+    """The families that end a session as corrupted: `count` where given, else all the oracle's."""
+    return tuple(count) if count else oracle_families(oracle, answers)  # type: ignore[call-overload]
 
 
 def family_of(detector: str) -> str:
