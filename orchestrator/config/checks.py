@@ -23,10 +23,12 @@ from orchestrator.config.schema import (
     FactorRoles,
     JobConf,
     SelectedLevel,
+    StressConf,
     StudyConf,
 )
 from orchestrator.config.shell import ENV_NAME
-from orchestrator.workload.detect import family_problems
+from orchestrator.workload.detect import ORACLES, counted_families, family_problems
+from orchestrator.workload.divergence import COMPARE
 from orchestrator.workload.tasks import TOOL_CHOICES
 
 FLAG_NAME = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -226,11 +228,7 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
             problems.append(f"study.{key}: {value} must be between 0 and 1")
     if job.workload.sessions < 1 or job.workload.rounds < 1:
         problems.append("workload.sessions and workload.rounds must be >= 1")
-    problems += family_problems("workload.count", list(job.workload.count))
-    if job.workload.tool_choice not in TOOL_CHOICES:
-        problems.append(
-            f"workload.tool_choice: {job.workload.tool_choice!r} is not one of {list(TOOL_CHOICES)}"
-        )
+    problems += workload_problems(job.workload)
     stopping = job.study.stopping
     if not 1 <= stopping.min_runs_per_arm <= stopping.max_runs_per_arm:
         problems.append(
@@ -386,4 +384,42 @@ def validate_study(
         problems.append(
             "factor: no factor selected; the primary config's defaults list selects factor/<name>"
         )
+    return problems
+
+
+def workload_problems(w: StressConf) -> list[str]:
+    """What is wrong with the workload section, each problem naming its key and what is accepted; a
+    prompts file is read here, and a reproducer's callable imported, before anything is restarted."""
+    if w.oracle not in ORACLES:
+        return [f"workload.oracle: {w.oracle!r} is not one of {list(ORACLES)}"]
+    problems = []
+    if w.count is not None:
+        problems += family_problems("workload.count", list(w.count))
+    elif not counted_families(w.oracle, w.count):
+        problems.append("workload.count: the oracle counts no family")
+    if w.tool_choice not in TOOL_CHOICES:
+        problems.append(f"workload.tool_choice: {w.tool_choice!r} is not one of {list(TOOL_CHOICES)}")
+    if w.compare not in COMPARE:
+        problems.append(f"workload.compare: {w.compare!r} is not one of {list(COMPARE)}")
+    if w.early_tokens < 0 or w.max_tokens < 1:
+        problems.append(
+            f"workload.early_tokens ({w.early_tokens}) must be >= 0 and workload.max_tokens "
+            f"({w.max_tokens}) >= 1"
+        )
+    if w.oracle == "reproducer":
+        from orchestrator.workload.reproducer import reproducer_problems
+
+        problems += reproducer_problems(w)
+    elif w.call is not None or w.command is not None:
+        problems.append(
+            f"workload.call / workload.command: a reproducer's, but workload.oracle is {w.oracle!r}; "
+            "choose workload=reproducer for your own reproducer"
+        )
+    if w.prompts is not None:
+        if w.oracle == "reproducer":
+            problems.append("workload.prompts: a reproducer brings its own traffic; set prompts: null")
+        else:
+            from orchestrator.workload.prompts import prompts_problems
+
+            problems += [f"workload.prompts: {problem}" for problem in prompts_problems(w.prompts)]
     return problems

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from orchestrator.config.schema import (
     SelectedLevel,
     StressConf,
 )
+from orchestrator.workload.detect import counted_families
 
 SIGNATURE_LENGTH = 12
 BASELINE_LABEL = "baseline"
@@ -105,13 +107,35 @@ def measurement_conditions(workload: StressConf) -> dict[str, str]:
     does not (repetitions use other seeds on purpose), nor does the throughput sweep, nor the number of
     sessions: that is a run's sample size, and the runs of one arm may differ in it (a sequential study
     sizes each start by what its GPU time buys, analysis/cost.py)."""
-    return {
+    answers = workload.prompts is not None
+    conditions = {
         "workload.rounds": str(workload.rounds),
         "workload.concurrency": str(run_load(workload.sessions, workload.concurrency)),
         "workload.timeout_s": str(float(workload.timeout_s)),
-        "workload.count": ",".join(workload.count),
+        "workload.count": ",".join(counted_families(workload.oracle, workload.count, answers)),
         "workload.tool_choice": workload.tool_choice,
     }
+    # the oracle and its prompts judge what a session is: arms judged otherwise never pool (the tool-call
+    # oracle on the built-in tasks, the default, adds no key: runs logged before oracles existed match)
+    if workload.oracle != "tool_calls":
+        conditions["workload.oracle"] = workload.oracle
+    if workload.prompts is not None:
+        conditions["workload.prompts"] = str(workload.prompts)
+    if workload.oracle == "divergence":
+        conditions["workload.early_tokens"] = str(workload.early_tokens)
+        conditions["workload.compare"] = workload.compare
+        conditions["workload.max_tokens"] = str(workload.max_tokens)
+    if workload.oracle == "reproducer":
+        conditions["workload.reproducer"] = reproducer_identity(workload.call, workload.command)
+    return conditions
+
+
+def reproducer_identity(call: Any, command: Sequence[str] | None) -> str:
+    """What names a reproducer in an arm's identity: its callable's target, or its argv."""
+    if command:
+        return shlex.join(str(word) for word in command)
+    target = call.get("_target_") if isinstance(call, Mapping) else None
+    return str(target or call)
 
 
 def run_load(sessions: int, concurrency: int | None) -> int:

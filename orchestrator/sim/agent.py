@@ -37,6 +37,9 @@ _CHAT_REPLY = (
     "weights: it follows the tool plan it is given and otherwise writes this filler text. "
 )
 DEFAULT_CHAT_TOKENS = 48
+_EXACT_RE = re.compile(r"Reply with exactly:[ \t]*(\S[^\n]*)")
+# what a diverged continuation is made of (any words: the point is that they differ from the reference)
+_DRIFT_WORDS = (" however", " thus", " the", " a", " it", " then", " so", " which", " this", " and")
 REPETITION_CAP = 512
 
 
@@ -86,7 +89,21 @@ def decide_reply(
     forced = _forced_tool(tool_choice, names)
     if forced is not None:
         return Reply(call=tasks.ToolCall(forced, {}))
+    exact = _asked_reply(messages)
+    if exact is not None:
+        return Reply(content=exact)
     return Reply(content=None)  # plain chat: filler text, length decided by `render`
+
+
+def _asked_reply(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The text of a `Reply with exactly: <text>` line in the last user message (a convention an
+    instruction-following model follows too: the prompts file's answers are then right on the sim)."""
+    users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+    last = users[-1] if users else None
+    if isinstance(last, list):  # content parts
+        last = "\n".join(p.get("text", "") for p in last if isinstance(p, Mapping))
+    found = _EXACT_RE.search(last) if isinstance(last, str) else None
+    return found.group(1).strip() if found else None
 
 
 def _forced_tool(tool_choice: Any, names: list[str]) -> str | None:
@@ -152,6 +169,19 @@ def corrupt(
     if shape == "wrong_arguments":
         return tokenize(call_text(*_wrong_call(reply.call, messages, rng)))
     raise ValueError(f"unknown corruption shape {shape!r}")
+
+
+def diverge(tokens: Sequence[str], rng: random.Random) -> list[str]:
+    """`tokens` as a decode under load may emit them instead: the same up to a position drawn uniformly,
+    then a different continuation of the same length (the argmax flipped there, and every later token
+    followed the new prefix). The token at the position always differs; an empty reply stays empty."""
+    if not tokens:
+        return list(tokens)
+    at = rng.randrange(len(tokens))
+    words = [w for w in _DRIFT_WORDS if w != tokens[at]]
+    tail = [words[0 if i == 0 else rng.randrange(len(words))] for i in range(len(tokens) - at)]
+    tail[0] = rng.choice(words)
+    return [*tokens[:at], *tail]
 
 
 def _repeated_word(text: str, name: str) -> str:

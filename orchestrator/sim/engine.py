@@ -55,13 +55,22 @@ from typing import Any
 
 from orchestrator.sim import agent
 from orchestrator.sim.args import decode_graph_max_bs, decode_graphs_enabled
-from orchestrator.sim.faults import FaultModel, RoleConfig, Rule, draw_restart_quantiles
+from orchestrator.sim.faults import (
+    FaultModel,
+    RoleConfig,
+    Rule,
+    draw_restart_quantiles,
+    restart_rate,
+    session_rate,
+)
 from orchestrator.workload import tasks
 
 log = logging.getLogger("sglang.sim.scheduler")
 
 SESSION_IDLE_ENV = "HEISENHUNT_SIM_SESSION_IDLE_S"
 DEFAULT_SESSION_IDLE_S = 10.0
+# the shape of a benign flip, and its draw's key among the start's restart quantiles
+BATCH_VARIANCE = "batch_variance"
 # the first user message of a stress session: "Task <task id>: perform the following plan ..."
 _TASK_RE = re.compile(r"^Task (\S+?):")
 
@@ -82,9 +91,20 @@ def parse_session_idle(raw: str | None) -> float:
     return value
 
 
-def session_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[str, int, bool] | None:
-    """(session key, round index, whether it is the last planned round) for a turn of a planned
-    tool-calling session, or None for any other request. The key is the task id of the first user
+def tagged_turn(user: Any) -> tuple[str, int, bool, int] | None:
+    """(session key, round index, whether it is the last turn, turns) from the OpenAI `user` field a
+    heisenhunt client sends with a session's turns (`tasks.session_tag`: a prompts file's conversations
+    carry no plan to read them from), or None."""
+    tag = tasks.parse_session_tag(user)
+    if tag is None:
+        return None
+    key, round_index, turns = tag
+    return key, round_index, round_index == turns - 1, turns
+
+
+def session_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[str, int, bool, int] | None:
+    """(session key, round index, whether it is the last planned round, planned rounds) for a turn of a
+    planned tool-calling session, or None for any other request. The key is the task id of the first user
     message (a digest of that message when it names none); the round is the number of tool results so
     far."""
     if not isinstance(messages, list | tuple) or not all(isinstance(m, Mapping) for m in messages):
@@ -99,7 +119,7 @@ def session_turn(messages: Sequence[Mapping[str, Any]]) -> tuple[str, int, bool]
     first = next(c for c in users if isinstance(c, str))  # the message parse_plan read the plan from
     found = _TASK_RE.match(first)
     key = found.group(1) if found else hashlib.sha256(first.encode("utf-8", "replace")).hexdigest()[:16]
-    return key, round_index, round_index == len(plan) - 1
+    return key, round_index, round_index == len(plan) - 1, len(plan)
 
 
 class SessionLoad:
@@ -208,6 +228,8 @@ class SimCounters:
     aborted_requests: int = 0
     corrupted_turns: int = 0
     corrupted_by_shape: Counter = field(default_factory=Counter)
+    text_turns: int = 0  # turns of free text the fault model or batch variance could change
+    benign_flips: int = 0  # of those, changed by batch variance alone (no fault)
     bootstrap_failures: int = 0
     transfer_failures: int = 0
     prefill_batches: int = 0
@@ -237,6 +259,8 @@ class DecodeRequest:
     finish_length: bool = False
     batch_at_admission: int = 0
     session_round: int | None = None  # the round of its tool-calling session (None: of no session)
+    session_turns: int | None = None  # the turns its session has, where the client says (server.py)
+    ignore_eos: bool = False  # benchmark traffic: never judged, so never changed
     shape: str | None = None
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -269,6 +293,8 @@ class DecodeEngine:
         self.stream_interval = max(1, int(args.get("stream_interval") or 1))
         # once per server start: where this start's rate lies for each rule with restart_icc
         self.restart_quantiles = draw_restart_quantiles(model.rules, rng)
+        if model.batch_variance is not None and model.batch_variance.restart_icc > 0:
+            self.restart_quantiles[BATCH_VARIANCE] = rng.random()
         counters.restart_quantiles = dict(self.restart_quantiles)
         if self.restart_quantiles:
             log.info(
@@ -369,7 +395,11 @@ class DecodeEngine:
 
     def _admit(self, request: DecodeRequest, batch: int) -> None:
         request.batch_at_admission = batch
-        if request.reply is not None and request.reply.planned and request.prefill_config is not None:
+        reply = request.reply
+        if reply is not None and reply.call is None and request.prefill_config is not None:
+            if not request.ignore_eos:
+                self._free_text(request, batch)
+        elif reply is not None and reply.planned and request.prefill_config is not None:
             self.counters.planned_turns += 1
             self.counters.planned_load_sum += batch
             self.counters.max_load = max(self.counters.max_load, batch)
@@ -401,12 +431,44 @@ class DecodeEngine:
         if not request.tokens:
             request.tokens = [""]  # a generation is at least one step
 
+    def _free_text(self, request: DecodeRequest, batch: int) -> None:
+        """A turn of free text: the modelled race changes it with the rule's probability (shape
+        `diverged`), else batch variance alone may (`batch_variance`); either way the output is the
+        reply's up to a point, then another continuation (agent.diverge)."""
+        self.counters.text_turns += 1
+        rule = self.model.rule_for(request.prefill_config, self.config)
+        if rule is not None and self.rng.random() < self._turn_probability(rule, request, batch):
+            request.shape = "diverged"
+            self.counters.corrupted_turns += 1
+            self.counters.corrupted_by_shape[request.shape] += 1
+        elif self.rng.random() < self._variance_probability(request, batch):
+            request.shape = BATCH_VARIANCE
+            self.counters.benign_flips += 1
+        if request.shape is not None:
+            request.tokens = agent.diverge(request.tokens, self.rng)
+
+    def _variance_probability(self, request: DecodeRequest, batch: int) -> float:
+        variance = self.model.batch_variance
+        if variance is None:
+            return 0.0
+        p = variance.probability(batch)
+        quantile = self.restart_quantiles.get(BATCH_VARIANCE)
+        if quantile is None or p in (0.0, 1.0):
+            return p
+        turns = self._session_turns(request)
+        rate = restart_rate(session_rate(p, turns), quantile, variance.restart_icc)
+        return 1.0 - (1.0 - rate) ** (1.0 / turns)
+
+    @staticmethod
+    def _session_turns(request: DecodeRequest) -> int:
+        """The turns of the request's session: as its client says, else its plan's, else one."""
+        return request.session_turns or len(tasks.parse_plan(request.messages) or ()) or 1
+
     def _turn_probability(self, rule: Rule, request: DecodeRequest, batch: int) -> float:
         quantile = self.restart_quantiles.get(rule.name)
         if quantile is None:
             return rule.probability(batch)
-        turns = len(tasks.parse_plan(request.messages) or ())
-        return rule.turn_probability(batch, turns, quantile)
+        return rule.turn_probability(batch, self._session_turns(request), quantile)
 
     def _advance(self, step: float, captured: bool, batch: int) -> None:
         c = self.counters

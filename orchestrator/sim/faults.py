@@ -45,7 +45,8 @@ SHAPES = (
     "repetition",
     "wrong_arguments",
 )
-TOP_KEYS = ("version", "name", "description", "seed", "rules", "throughput")
+TOP_KEYS = ("version", "name", "description", "seed", "rules", "batch_variance", "throughput")
+BATCH_VARIANCE_KEYS = ("probability", "restart_icc")
 RULE_KEYS = ("name", "when", "probability", "shapes", "restart_icc")
 THROUGHPUT_KEYS = (
     "graph_step_ms",
@@ -247,6 +248,20 @@ class ThroughputModel:
 
 
 @dataclass(frozen=True)
+class BatchVariance:
+    """Benign batch variance: a turn of free text that joins a decode load of `batch` requests comes out
+    different from its batch-1 output with probability `curve(batch)`, in every configuration, with no
+    fault at all (a near-tie's argmax flips with the reduction order a batch size picks). A tool call's
+    tokens are near-certain, so only free text flips. Batch 1 never flips: it is the reference."""
+
+    curve: Curve
+    restart_icc: float = 0.0
+
+    def probability(self, batch: int) -> float:
+        return 0.0 if batch <= 1 else min(1.0, max(0.0, self.curve(batch)))
+
+
+@dataclass(frozen=True)
 class FaultModel:
     name: str
     description: str
@@ -254,6 +269,8 @@ class FaultModel:
     rules: tuple[Rule, ...]
     throughput: ThroughputModel
     source: str = "<mapping>"
+    # argmax flips that batching alone causes, with no fault (module doc); None: batch-invariant
+    batch_variance: BatchVariance | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def rule_for(self, prefill: RoleConfig, decode: RoleConfig) -> Rule | None:
@@ -326,7 +343,23 @@ def validate_fault_model(data: Any, source: str = "<mapping>") -> FaultModel:
         if names.count(rule_name) > 1:
             raise fail("rules", f"rule name {rule_name!r} is used twice; names must be unique")
     throughput = _throughput(data.get("throughput", {}), fail, source)
-    return FaultModel(name, description, seed, rules, throughput, source=source, raw=dict(data))
+    variance = (
+        _batch_variance(data["batch_variance"], fail) if data.get("batch_variance") is not None else None
+    )
+    return FaultModel(
+        name, description, seed, rules, throughput, source=source, raw=dict(data), batch_variance=variance
+    )
+
+
+def _batch_variance(data: Any, fail) -> BatchVariance:
+    if not isinstance(data, Mapping) or "probability" not in data:
+        raise fail("batch_variance", f"expected a mapping with keys {', '.join(BATCH_VARIANCE_KEYS)}")
+    _no_unknown(data, BATCH_VARIANCE_KEYS, "batch_variance", fail)
+    icc = data.get("restart_icc", 0.0)
+    if isinstance(icc, bool) or not isinstance(icc, int | float) or not 0 <= icc <= 1:
+        raise fail("batch_variance.restart_icc", f"expected a number from 0 to 1, got {icc!r}")
+    curve = _curve(data["probability"], "batch_variance.probability", fail, y_max=1.0)
+    return BatchVariance(curve, float(icc))
 
 
 def _rule(data: Any, where: str, keys: Mapping[str, type], fail) -> Rule:

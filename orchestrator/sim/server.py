@@ -76,6 +76,7 @@ from orchestrator.sim.engine import (
     SimCounters,
     parse_session_idle,
     session_turn,
+    tagged_turn,
 )
 from orchestrator.sim.envs import effective_env
 from orchestrator.sim.faults import FAULT_MODEL_ENV, FaultModel, FaultModelError, RoleConfig, load_fault_model
@@ -412,16 +413,16 @@ class SimServer:
         prompt_tokens = estimate_prompt_tokens(messages, tools)
         if self.mode == "prefill":
             return await self._prefill(request, body, prompt_tokens, chat=True)
-        turn = session_turn(messages)
+        turn = session_turn(messages) or tagged_turn(body.get("user"))
         if turn is None:
             return (await self._chat_decode(request, body, messages, tools, max_tokens, prompt_tokens))[0]
         # a turn of a tool-calling session: the session is open on this decode from now (engine.py)
-        key, round_index, last_round = turn
+        key, round_index, last_round, turns = turn
         self.decode.sessions.begin(key, round_index)
         ends = True  # a turn that fails (or is cut off) ends its session: the client stops there
         try:
             response, req = await self._chat_decode(
-                request, body, messages, tools, max_tokens, prompt_tokens, round_index
+                request, body, messages, tools, max_tokens, prompt_tokens, round_index, turns
             )
             ends = (
                 last_round
@@ -443,6 +444,7 @@ class SimServer:
         max_tokens: Any,
         prompt_tokens: int,
         session_round: int | None = None,
+        session_turns: int | None = None,
     ) -> tuple[web.StreamResponse, DecodeRequest | None]:
         """The decode's (or a null server's) side of a chat: the hand-off, then the generation."""
         handoff, problem = await self._handoff(body, prompt_tokens)
@@ -451,11 +453,14 @@ class SimServer:
         reply = agent.decide_reply(messages, tools, body.get("tool_choice", "auto"))
         tokens = agent.render(reply, max_tokens, bool(body.get("ignore_eos")))
         req = self._submit(reply, tokens, max_tokens, prompt_tokens, handoff, messages, tools)
-        req.session_round = session_round  # before the decode loop runs again: it admits on our yield
+        # before the decode loop runs again: it admits on our yield
+        req.session_round, req.session_turns = session_round, session_turns
+        req.ignore_eos = bool(body.get("ignore_eos"))
         rid = f"{uuid.uuid4().hex}"
+        logprobs = body.get("logprobs") is True
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self._chat_stream(request, req, rid, include_usage), req
+            return await self._chat_stream(request, req, rid, include_usage, logprobs), req
         await req.event.wait()
         while not req.done:
             req.event.clear()
@@ -478,7 +483,7 @@ class SimServer:
                     {
                         "index": 0,
                         "message": message,
-                        "logprobs": None,
+                        "logprobs": token_logprobs(req.tokens[: req.pos]) if logprobs else None,
                         "finish_reason": self._finish_reason(req, bool(calls)),
                         "matched_stop": None,
                     }
@@ -488,7 +493,7 @@ class SimServer:
         ), req
 
     async def _chat_stream(
-        self, request: web.Request, req: DecodeRequest, rid: str, include_usage: bool
+        self, request: web.Request, req: DecodeRequest, rid: str, include_usage: bool, logprobs: bool = False
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -501,8 +506,14 @@ class SimServer:
             head["model"] = self.model_name
             return b"data: " + _dumps({**head, "choices": choices, **extra}) + b"\n\n"
 
+        sent_tokens = 0  # tokens whose logprobs went out (with logprobs: on the first chunk after them)
+
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return event([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+            nonlocal sent_tokens
+            block = None
+            if logprobs and (req.pos > sent_tokens or finish):
+                block, sent_tokens = token_logprobs(req.tokens[sent_tokens : req.pos]), req.pos
+            return event([{"index": 0, "delta": delta, "logprobs": block, "finish_reason": finish}])
 
         sent_content, sent_calls = 0, []  # chars of content sent; per call: chars of arguments sent
         try:
@@ -751,6 +762,21 @@ class SimServer:
             "prompt_tokens_details": None,
             "reasoning_tokens": 0,
         }
+
+
+def token_logprobs(tokens: Sequence[str]) -> dict[str, Any]:
+    """OpenAI's logprobs block for generated tokens (the sim's model is certain: logprob 0)."""
+    return {
+        "content": [
+            {
+                "token": t,
+                "logprob": 0.0,
+                "bytes": list(t.encode("utf-8", "surrogatepass")),
+                "top_logprobs": [],
+            }
+            for t in tokens
+        ]
+    }
 
 
 def configure_logging(level: str) -> None:

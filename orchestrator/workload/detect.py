@@ -696,13 +696,20 @@ def kind_of(fired: Iterable[str]) -> str | None:
 
 
 def check_turn(
-    turn: StreamedTurn, expected: ToolCall | None = None, check_plan: bool = False
+    turn: StreamedTurn,
+    expected: ToolCall | None = None,
+    check_plan: bool = False,
+    tool_schemas: Mapping[str, Any] = TOOL_SCHEMAS,
+    expect_call: bool = True,
 ) -> Finding | None:
     """The finding of the turn's kind (`kind_of` the detectors that fire on it), or None for a healthy
     turn: the detectors are tried in precedence, so the first that fires is that kind.
 
     `expected` is the call the task expects this round (Task.expected(round)); it is only used when
-    `check_plan` is true.
+    `check_plan` is true. `tool_schemas`: the tools offered, name -> parameters schema (the built-in
+    tasks' by default; a prompts file's conversation offers its own). `expect_call`: whether the turn
+    must call a tool (every round of a built-in task does; a replayed conversation's turn does where its
+    recorded answer did).
     """
     view = _View(turn)
     try:  # every text at once (the arguments parsed once): the usual path
@@ -715,10 +722,18 @@ def check_turn(
             skip.update((invalid_utf8, control_chars))  # no character either hygiene check looks for
         if turn.tool_calls and all(len(text) < MIN_SPAN for _, text in texts):
             skip.add(degenerate_repetition)  # too short to hold a run, and a call: no loop in its place
+    if not expect_call:
+        skip.add(missing_tool_call)
     for name, detector in STRUCTURAL:
         if detector in skip:
             continue
-        reason = _ON_VIEW[detector](view) if detector in _ON_VIEW else detector(turn)
+        if tool_schemas is not TOOL_SCHEMAS and detector in (unknown_tool, schema_invalid):
+            reason = unknown_tool(turn, tool_schemas) if detector is unknown_tool else None
+            reason = reason or (
+                _view_schema_invalid(view, tool_schemas) if detector is schema_invalid else None
+            )
+        else:
+            reason = _ON_VIEW[detector](view) if detector in _ON_VIEW else detector(turn)
         if reason is not None:
             return Finding(name, reason)
     if check_plan:

@@ -48,6 +48,8 @@ class StreamedTurn:
     started: float = 0.0  # time.monotonic() when the request was sent
     ended: float = 0.0  # time.monotonic() when the body ended
     chunk_times: list[float] = field(default_factory=list)  # arrival of each token-bearing event
+    # the generated tokens as the server's logprobs name them (asked with `logprobs: true`); None: none sent
+    tokens: list[str] | None = None
 
     @property
     def raw_text(self) -> str:
@@ -84,7 +86,9 @@ class BadTurn:
     detector: str  # the oracle's detector name, e.g. "malformed_json", "wrong_call"
     reason: str  # one line a person can read
     raw: str  # the raw assistant output of that turn (content + tool-call arguments as streamed)
-    family: str = ""  # the detector's family (detect.FAMILIES): structural | plan_drift
+    family: str = ""  # the detector's family (detect.FAMILIES): structural | plan_drift | diverged ...
+    # the divergence oracle's: where the turn first parted from its reference (divergence.Difference)
+    divergence: dict[str, Any] | None = None
 
 
 @dataclass
@@ -132,6 +136,9 @@ class StressSummary:
     # sessions with at least one finding of each family, counted or only noted
     by_family: dict[str, int] = field(default_factory=dict)
     usage_missing_turns: int = 0
+    oracle: str = "tool_calls"  # what judged the sessions (detect.ORACLES)
+    # the divergence oracle's reference pass: seconds its batch-1 turns held the deployment (GPU time)
+    reference_s: float = 0.0
 
     @property
     def partial(self) -> bool:

@@ -239,6 +239,9 @@ class SSEParser:
                     carried = True
                 if carried:
                     turn.chunk_times.append(now)
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                _extend_tokens(turn, logprobs)
             finish = choice.get("finish_reason")
             if finish:
                 turn.finish_reason = finish
@@ -258,6 +261,8 @@ class SSEParser:
             return
         choice = choices[0]
         if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason"):
+            return
+        if choice.get("logprobs"):  # each event's tokens differ: no template could carry them
             return
         delta = choice.get("delta")
         if type(delta) is not dict or delta.get("function_call"):
@@ -362,6 +367,20 @@ def _string_span(payload: bytes, key: bytes) -> tuple[int, int] | None:
         if slashes % 2 == 0:
             return i, end + 1
         end += 1
+
+
+def _extend_tokens(turn: StreamedTurn, logprobs: Any) -> None:
+    """The tokens of an OpenAI logprobs block (`{"content": [{"token": ...}, ...]}`) onto the turn."""
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(entries, list):
+        return
+    if turn.tokens is None:
+        turn.tokens = []
+    for entry in entries:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if not isinstance(token, str):
+            raise RequestError("protocol", f"a logprobs entry without a token: {str(entry)[:200]}")
+        turn.tokens.append(token)
 
 
 def _check_text(text: Any) -> None:

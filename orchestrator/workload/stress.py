@@ -42,21 +42,31 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.workload.client import open_session, run_sync, stream_body
+from orchestrator.workload import divergence
+from orchestrator.workload.client import chat_payload, open_session, run_sync, stream_body
 from orchestrator.workload.detect import (
     DEFAULT_COUNTED,
     FAMILIES,
     Finding,
     check_turn,
+    counted_families,
     family_of,
     family_problems,
 )
 from orchestrator.workload.fill import fill
+from orchestrator.workload.prompts import (
+    Conversation,
+    answer_finding,
+    load_prompts,
+    replay_turns,
+    session_conversation,
+    session_id,
+)
 from orchestrator.workload.results import BadTurn, SessionOutcome, StreamedTurn, StressSummary
 from orchestrator.workload.tasks import (
     TOOL_CHOICES,
@@ -64,6 +74,7 @@ from orchestrator.workload.tasks import (
     Task,
     initial_messages,
     make_task,
+    session_tag,
     tool_choice_for,
     tool_result,
 )
@@ -72,6 +83,8 @@ from orchestrator.workload.wire import RequestError, dumps
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 1024
+# the oracles this workload runs (a reproducer is the user's own: reproducer.py)
+STRESS_ORACLES = ("tool_calls", "divergence")
 
 
 def assistant_message(turn: StreamedTurn) -> dict[str, Any]:
@@ -115,7 +128,13 @@ def turn_record(turn: StreamedTurn) -> dict[str, Any]:
     }
 
 
-def summarize(outcomes: list[SessionOutcome], planned: int, duration_s: float) -> StressSummary:
+def summarize(
+    outcomes: list[SessionOutcome],
+    planned: int,
+    duration_s: float,
+    oracle: str = "tool_calls",
+    reference_s: float = 0.0,
+) -> StressSummary:
     """Counts by status, by detector of the counted finding, and by family of any finding (pure)."""
     status = Counter(o.status for o in outcomes)
     detectors = Counter(o.bad_turn.detector for o in outcomes if o.bad_turn is not None)
@@ -131,6 +150,8 @@ def summarize(outcomes: list[SessionOutcome], planned: int, duration_s: float) -
         duration_s=duration_s,
         by_family={f: families[f] for f in FAMILIES if families[f]},
         usage_missing_turns=sum(o.usage_missing_turns for o in outcomes),
+        oracle=oracle,
+        reference_s=reference_s,
     )
 
 
@@ -148,6 +169,20 @@ def run_warnings(summary: StressSummary, turns: int) -> list[str]:
             "counts are unknown for those (the server's doing, not the client's)"
         )
     return out
+
+
+def divergence_positions(outcomes: list[SessionOutcome]) -> dict[str, Any]:
+    """Where each diverged session first parted from its reference: its turn and position (pure)."""
+    found = [
+        (o.bad_turn.round_index, o.bad_turn.divergence)
+        for o in outcomes
+        if o.bad_turn is not None and o.bad_turn.divergence is not None
+    ]
+    return {
+        "positions": [d["position"] for _, d in found],
+        "turns": [r for r, _ in found],
+        "basis": dict(Counter(d["basis"] for _, d in found)),
+    }
 
 
 def read_outcomes(path: str | Path) -> list[SessionOutcome]:
@@ -188,23 +223,37 @@ class StressSettings:
     seed: int = 0  # session i's task is make_task(seed, i, rounds)
     model: str = "default"  # the served model name sent in each request
     timeout_s: float = 120.0  # per turn, first byte to last
-    # the detector families whose findings end a session as corrupted; the others are noted beside
-    count: tuple[str, ...] = DEFAULT_COUNTED
+    # the detector families whose findings end a session as corrupted; the others are noted beside.
+    # None: the oracle's own (detect.counted_families)
+    count: tuple[str, ...] | None = None
     tool_choice: str = "auto"  # one of TOOL_CHOICES
     keep_transcripts: bool = False  # transcripts/<session>.json for every session, not only corrupted
     max_tokens: int = DEFAULT_MAX_TOKENS
     progress: bool | None = None  # live display on stderr; None: exactly when stderr is a terminal
     watch_interval_s: float = 2.0  # how often `server_gone` is polled
+    # what judges a session: "tool_calls" | "divergence" (each turn under load against the batch-1
+    # reference of the same start: two passes over the same prompts, divergence.py)
+    oracle: str = "tool_calls"
+    prompts: str | None = None  # a JSONL file of conversations (prompts.py); None: the built-in tasks
+    early_tokens: int = 16  # divergence: a first difference before this position is diverged_early
+    compare: str = "auto"  # divergence: "auto" (tokens where the server sends logprobs, else text) | "text"
 
     def __post_init__(self) -> None:
         if self.sessions < 1 or self.rounds < 1:
             raise ValueError(f"sessions and rounds must be >= 1: {self.sessions}, {self.rounds}")
         if self.tool_choice not in TOOL_CHOICES:
             raise ValueError(f"tool_choice: {self.tool_choice!r} is not one of {list(TOOL_CHOICES)}")
-        problems = family_problems("count", list(self.count))
+        if self.oracle not in STRESS_ORACLES:
+            raise ValueError(f"oracle: {self.oracle!r} is not one of {list(STRESS_ORACLES)}")
+        if self.compare not in divergence.COMPARE:
+            raise ValueError(f"compare: {self.compare!r} is not one of {list(divergence.COMPARE)}")
+        if self.early_tokens < 0:
+            raise ValueError(f"early_tokens: {self.early_tokens} must be >= 0")
+        count = counted_families(self.oracle, self.count, answers=self.prompts is not None)
+        problems = family_problems("count", list(count))
         if problems:
             raise ValueError(problems[0])
-        object.__setattr__(self, "count", tuple(self.count))
+        object.__setattr__(self, "count", count)
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     @property
@@ -225,6 +274,13 @@ class StressSettings:
             "count": list(self.count),
             "tool_choice": self.tool_choice,
             "max_tokens": self.max_tokens,
+            "oracle": self.oracle,
+            "prompts": self.prompts,
+            **(
+                {"early_tokens": self.early_tokens, "compare": self.compare}
+                if self.oracle == "divergence"
+                else {}
+            ),
         }
 
 
@@ -332,6 +388,226 @@ async def run_session(http: Any, settings: StressSettings, task: Task) -> Sessio
     return SessionRun(outcome, transcript=transcript())
 
 
+# --- the prompts a session replays: a built-in task, or a conversation of a prompts file -----------------
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """What the sessions of a run replay: the built-in tasks, or the conversations of a prompts file
+    (session i replays `prompts.session_conversation(conversations, seed, i)`)."""
+
+    settings: StressSettings
+    conversations: tuple[Conversation, ...] | None = None
+
+    @classmethod
+    def of(cls, settings: StressSettings) -> Prompts:
+        return cls(settings, load_prompts(settings.prompts) if settings.prompts else None)
+
+    def session(self, index: int) -> Task | Conversation:
+        if self.conversations is None:
+            return make_task(self.settings.seed, index, self.settings.rounds)
+        return session_conversation(self.conversations, self.settings.seed, index)
+
+    def session_id(self, index: int) -> str:
+        if self.conversations is None:
+            return make_task(self.settings.seed, index, self.settings.rounds).task_id
+        return session_id(self.session(index), self.settings.seed, index)  # type: ignore[arg-type]
+
+    def turns(self, index: int) -> int:
+        source = self.session(index)
+        return len(source.steps) if isinstance(source, Task) else len(replay_turns(source))
+
+
+def tool_schemas(tools: Any) -> dict[str, Any]:
+    """name -> parameters schema of the tools a conversation offers (an empty object schema where none)."""
+    return {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools or ()}
+
+
+def replayed_body(
+    settings: StressSettings, conversation: Conversation, sid: str, r: int, turns: int, **extra: Any
+) -> bytes:
+    """The request of turn `r` of a replayed conversation (prompts.replay_turns: the file's messages, the
+    same in every pass); the `user` field says which session and turn (tasks.session_tag)."""
+    turn = replay_turns(conversation)[r]
+    tools = list(conversation.tools) if conversation.tools else None
+    payload = chat_payload(
+        settings.model,
+        list(turn.messages),
+        tools,
+        max_tokens=settings.max_tokens,
+        temperature=0.0,
+        tool_choice=tool_choice_for(settings.tool_choice, turn.expected_call) if tools else "auto",
+        user=session_tag(sid, r, turns),
+        **extra,
+    )
+    return dumps(payload)
+
+
+def session_outcome(sid: str, turns: int) -> SessionOutcome:
+    return SessionOutcome(session_id=sid, status="clean", rounds=turns, rounds_done=0)
+
+
+def account(outcome: SessionOutcome, turn: StreamedTurn) -> None:
+    """A turn's latency and tokens into its session's outcome."""
+    outcome.turn_latency_s.append(round(turn.latency_s, 6))
+    outcome.prompt_tokens += turn.prompt_tokens
+    outcome.completion_tokens += turn.completion_tokens
+    outcome.usage_missing_turns += turn.usage is None
+
+
+def errored(outcome: SessionOutcome, error: RequestError, r: int, where: str = "") -> SessionOutcome:
+    outcome.status, outcome.error = "errored", f"{error.kind}: {where}{error.message} (round {r})"[:500]
+    return outcome
+
+
+async def run_replayed_session(
+    http: Any, settings: StressSettings, conversation: Conversation, sid: str
+) -> SessionRun:
+    """The tool-call oracle over a replayed conversation: each turn checked for structure against the
+    conversation's own tools (a call required where the recorded answer made one, and that call expected
+    where `tool_choice` or the plan check asks), the last turn for its expected answer."""
+    turns = replay_turns(conversation)
+    outcome = session_outcome(sid, len(turns))
+    schemas = tool_schemas(conversation.tools) if conversation.tools else {}
+    for r, replay in enumerate(turns):
+        body = replayed_body(settings, conversation, sid, r, len(turns))
+        try:
+            turn = await stream_body(http, settings.url, body, timeout=settings.timeout_s)
+        except RequestError as e:
+            return SessionRun(errored(outcome, e, r))
+        account(outcome, turn)
+        finding = check_turn(
+            turn, replay.expected_call, True, schemas, expect_call=replay.expected_call is not None
+        )
+        if finding is None and replay.last:
+            finding = answer_finding(turn.content, conversation.expected)
+        if finding is not None:
+            bad = BadTurn(r, finding.detector, finding.reason, raw_output(turn), finding.family)
+            if finding.family in settings.count:
+                outcome.status, outcome.bad_turn = "corrupted", bad
+                corrupted = {
+                    "session_id": sid,
+                    "conversation": conversation.id,
+                    "messages": list(replay.messages),
+                    "bad_turn": {
+                        "round_index": r,
+                        "detector": finding.detector,
+                        "family": finding.family,
+                        "reason": finding.reason,
+                        **turn_record(turn),
+                    },
+                }
+                return SessionRun(outcome, corrupted)
+            outcome.noted.append(bad)
+        outcome.rounds_done = r + 1
+    return SessionRun(outcome)
+
+
+# --- the differential oracle: a batch-1 reference pass, then the same turns under load ----------------
+
+
+@dataclass
+class Reference:
+    """A session's reference: each turn's exact request and the output it got alone (batch 1)."""
+
+    bodies: list[bytes]
+    turns: list[StreamedTurn]
+    error: str | None = None  # the reference could not be taken: the session is errored
+
+
+def divergence_extra(settings: StressSettings) -> dict[str, Any]:
+    """What both passes add to each request: a fixed seed, and the tokens where they are compared."""
+    return {"seed": settings.seed, **({"logprobs": True} if settings.compare == "auto" else {})}
+
+
+async def reference_session(http: Any, settings: StressSettings, prompts: Prompts, index: int) -> Reference:
+    """One session's turns, alone: the requests of a built-in task grow with the reference's own answers
+    (so the pass under load is fed the reference conversation, and one divergence cannot cascade); a
+    replayed conversation's are the file's."""
+    source, sid, extra = prompts.session(index), prompts.session_id(index), divergence_extra(settings)
+    reference = Reference([], [])
+    turns = prompts.turns(index)
+    messages = initial_messages(source) if isinstance(source, Task) else []
+    for r in range(turns):
+        if isinstance(source, Task):
+            expected = source.expected(r)
+            payload = chat_payload(
+                settings.model,
+                messages,
+                TOOLS,
+                max_tokens=settings.max_tokens,
+                temperature=0.0,
+                tool_choice=tool_choice_for(settings.tool_choice, expected),
+                user=session_tag(sid, r, turns),
+                **extra,
+            )
+            body = dumps(payload)
+        else:
+            body = replayed_body(settings, source, sid, r, turns, **extra)
+        try:
+            turn = await stream_body(http, settings.url, body, timeout=settings.timeout_s)
+        except RequestError as e:
+            reference.error = f"{e.kind}: reference pass: {e.message} (round {r})"[:500]
+            return reference
+        reference.bodies.append(body)
+        reference.turns.append(turn)
+        if isinstance(source, Task) and r + 1 < turns:
+            messages = [*messages, assistant_message(turn), *tool_messages(source, r, turn)]
+    return reference
+
+
+async def run_divergence_session(
+    http: Any, settings: StressSettings, prompts: Prompts, index: int, reference: Reference
+) -> SessionRun:
+    """The session's turns under load, each the very request of its reference turn; the session ends
+    corrupted at the first turn whose output differs (or, a prompts file's last turn, misses its expected
+    answer), clean after its turns."""
+    sid, turns = prompts.session_id(index), prompts.turns(index)
+    outcome = session_outcome(sid, turns)
+    if reference.error is not None:
+        outcome.status, outcome.error = "errored", reference.error
+        return SessionRun(outcome)
+    source = prompts.session(index)
+    for r, (body, ref) in enumerate(zip(reference.bodies, reference.turns, strict=True)):
+        try:
+            turn = await stream_body(http, settings.url, body, timeout=settings.timeout_s)
+        except RequestError as e:
+            return SessionRun(errored(outcome, e, r))
+        account(outcome, turn)
+        difference = divergence.first_difference(ref, turn, settings.compare)
+        finding = difference.finding(settings.early_tokens, r) if difference is not None else None
+        if finding is None and isinstance(source, Conversation) and r == turns - 1:
+            finding = answer_finding(turn.content, source.expected)
+        if finding is not None:
+            bad = BadTurn(
+                r,
+                finding.detector,
+                finding.reason,
+                raw_output(turn),
+                finding.family,
+                difference.to_dict() if difference is not None else None,
+            )
+            if finding.family in settings.count:
+                outcome.status, outcome.bad_turn = "corrupted", bad
+                corrupted = {
+                    "session_id": sid,
+                    "round_index": r,
+                    "finding": {
+                        "detector": finding.detector,
+                        "family": finding.family,
+                        "reason": finding.reason,
+                    },
+                    "difference": bad.divergence,
+                    "request": json.loads(body),
+                    "reference": divergence.output_record(ref),
+                    "under_load": divergence.output_record(turn),
+                }
+                return SessionRun(outcome, corrupted)
+            outcome.noted.append(bad)
+        outcome.rounds_done = r + 1
+    return SessionRun(outcome)
+
+
 _OUTCOME_FIELDS = tuple(f.name for f in fields(SessionOutcome))
 
 
@@ -358,6 +634,9 @@ class _Outputs:
         self.outcomes: list[SessionOutcome] = []
         self._jsonl: TextIO = (out_dir / "sessions.jsonl").open("w", encoding="utf-8")
         self._progress = _Progress(planned) if progress else None
+        self.oracle = "tool_calls"
+        self.reference_s = 0.0  # the divergence oracle's reference pass
+        self.reference: dict[str, Any] | None = None
 
     def record(self, run: SessionRun) -> None:
         outcome = run.outcome
@@ -378,7 +657,8 @@ class _Outputs:
         self._jsonl.close()
         if self._progress is not None:
             self._progress.stop()
-        summary = summarize(self.outcomes, self.planned, duration_s)
+        oracle = settings.get("oracle", self.oracle)
+        summary = summarize(self.outcomes, self.planned, duration_s, oracle, self.reference_s)
         turns = sum(len(o.turn_latency_s) for o in self.outcomes)
         document = {
             **asdict(summary),
@@ -389,6 +669,9 @@ class _Outputs:
             "warnings": run_warnings(summary, turns),
             "settings": settings,
         }
+        if self.reference is not None:
+            document["reference"] = self.reference
+            document["divergence"] = divergence_positions(self.outcomes)
         (self.out_dir / "summary.json").write_text(json.dumps(document, indent=1) + "\n")
         return summary
 
@@ -433,11 +716,20 @@ class _StressRun:
     """
 
     def __init__(
-        self, settings: StressSettings, outputs: _Outputs, server_gone: Callable[[], str | None] | None
+        self,
+        settings: StressSettings,
+        outputs: _Outputs | None,
+        server_gone: Callable[[], str | None] | None,
+        prompts: Prompts,
+        session: Callable[[Any, int], Awaitable[SessionRun]],
+        workers: int | None = None,
     ):
         self.settings = settings
-        self.outputs = outputs
+        self.outputs = outputs  # None: the caller keeps what `session` returns (the reference pass)
         self.server_gone = server_gone
+        self.prompts = prompts
+        self.session = session  # (http, session index) -> that session's run
+        self.workers = workers or settings.workers
         self.next_index = 0
         self.abort = asyncio.Event()
         self.gone_reason = ""
@@ -446,8 +738,8 @@ class _StressRun:
     async def run(self) -> None:
         watcher = asyncio.ensure_future(self.watchdog()) if self.server_gone is not None else None
         try:
-            async with open_session(self.settings.workers) as http:
-                await asyncio.gather(*(self.worker(http) for _ in range(self.settings.workers)))
+            async with open_session(self.workers) as http:
+                await asyncio.gather(*(self.worker(http) for _ in range(self.workers)))
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -470,8 +762,7 @@ class _StressRun:
         settings = self.settings
         while self.next_index < settings.sessions and not self.abort.is_set():
             index, self.next_index = self.next_index, self.next_index + 1
-            task = make_task(settings.seed, index, settings.rounds)
-            session = asyncio.ensure_future(self.one_session(http, task))
+            session = asyncio.ensure_future(self.one_session(http, index))
             self.in_flight.add(session)
             try:
                 run = await session
@@ -480,25 +771,76 @@ class _StressRun:
                 current = asyncio.current_task()
                 if not (session.cancelled() and self.abort.is_set()) or (current and current.cancelling()):
                     raise
-                run = SessionRun(
-                    SessionOutcome(
-                        task.task_id, "errored", settings.rounds, 0, error=f"server_gone: {self.gone_reason}"
-                    )
-                )
+                run = self.errored(index, f"server_gone: {self.gone_reason}")
             finally:
                 self.in_flight.discard(session)
-            self.outputs.record(run)
+            if self.outputs is not None:
+                self.outputs.record(run)
 
-    async def one_session(self, http: Any, task: Task) -> SessionRun:
+    def errored(self, index: int, error: str) -> SessionRun:
+        sid, turns = self.prompts.session_id(index), self.prompts.turns(index)
+        return SessionRun(SessionOutcome(sid, "errored", turns, 0, error=error[:500]))
+
+    async def one_session(self, http: Any, index: int) -> SessionRun:
         try:
-            return await run_session(http, self.settings, task)
+            return await self.session(http, index)
         except Exception as e:  # a client bug must not pass for corruption nor kill the run
-            log.exception("session %s failed in the client", task.task_id)
-            return SessionRun(
-                SessionOutcome(
-                    task.task_id, "errored", self.settings.rounds, 0, error=f"client_error: {e!r}"[:500]
-                )
-            )
+            log.exception("session %s failed in the client", self.prompts.session_id(index))
+            return self.errored(index, f"client_error: {e!r}")
+
+
+def _tool_call_session(
+    settings: StressSettings, prompts: Prompts
+) -> Callable[[Any, int], Awaitable[SessionRun]]:
+    async def session(http: Any, index: int) -> SessionRun:
+        source = prompts.session(index)
+        if isinstance(source, Task):
+            return await run_session(http, settings, source)
+        return await run_replayed_session(http, settings, source, prompts.session_id(index))
+
+    return session
+
+
+async def _run_divergence(
+    settings: StressSettings,
+    outputs: _Outputs,
+    server_gone: Callable[[], str | None] | None,
+    prompts: Prompts,
+) -> None:
+    """The two passes of the differential oracle on one start: every session alone (its reference), then
+    all of them at the planned concurrency, each turn judged against its reference."""
+    references: dict[int, Reference] = {}
+
+    async def reference(http: Any, index: int) -> SessionRun:
+        references[index] = await reference_session(http, settings, prompts, index)
+        return SessionRun(session_outcome(prompts.session_id(index), prompts.turns(index)))
+
+    async def under_load(http: Any, index: int) -> SessionRun:
+        taken = references.get(index) or Reference([], [], "reference pass: not taken (the run was stopped)")
+        return await run_divergence_session(http, settings, prompts, index, taken)
+
+    started = time.monotonic()
+    log.info("divergence: the reference pass, %d sessions one at a time", settings.sessions)
+    try:
+        await _StressRun(settings, None, server_gone, prompts, reference, workers=1).run()
+    finally:
+        outputs.reference_s = time.monotonic() - started
+        outputs.reference = reference_record(references, outputs.reference_s)
+    log.info("divergence: reference pass done in %.1fs; the pass under load", outputs.reference_s)
+    await _StressRun(settings, outputs, server_gone, prompts, under_load).run()
+
+
+def reference_record(references: Mapping[int, Reference], seconds: float) -> dict[str, Any]:
+    """What summary.json says of the reference pass: its time (GPU time too), turns and tokens."""
+    turns = [t for r in references.values() for t in r.turns]
+    return {
+        "duration_s": round(seconds, 3),
+        "sessions": len(references),
+        "errored": sum(r.error is not None for r in references.values()),
+        "turns": len(turns),
+        "completion_tokens": sum(t.completion_tokens for t in turns),
+        "with_tokens": sum(t.tokens is not None for t in turns),
+    }
 
 
 def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
@@ -528,11 +870,17 @@ async def run_stress(
     `on_outcome` hears each session's status as its line is written (an orchestrator's progress display).
     """
     progress = sys.stderr.isatty() if settings.progress is None else settings.progress
+    prompts = Prompts.of(settings)
     outputs = _Outputs(settings.out_dir, settings.sessions, progress, on_outcome)
     started = time.monotonic()
     asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
     try:
-        await _StressRun(settings, outputs, server_gone).run()
+        if settings.oracle == "divergence":
+            await _run_divergence(settings, outputs, server_gone, prompts)
+        else:
+            await _StressRun(
+                settings, outputs, server_gone, prompts, _tool_call_session(settings, prompts)
+            ).run()
     finally:
         summary = outputs.finish(time.monotonic() - started, settings.record())
         if summary.partial:
@@ -620,11 +968,25 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument(
+        "--oracle",
+        choices=STRESS_ORACLES,
+        default=defaults.oracle,
+        help="tool_calls: judge the calls' structure and plan; divergence: each turn under load against "
+        "its batch-1 reference, taken first on the same server",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="a JSONL file of conversations to replay (default: the built-in tasks)",
+    )
+    parser.add_argument("--early-tokens", type=int, default=defaults.early_tokens)
+    parser.add_argument("--compare", choices=divergence.COMPARE, default=defaults.compare)
+    parser.add_argument(
         "--count",
         type=_families,
-        default=DEFAULT_COUNTED,
+        default=None,
         help=f"detector families that count as corruption, comma-separated from {','.join(FAMILIES)}; "
-        "the others are reported beside (default: all)",
+        "the others are reported beside (default: all the oracle's)",
     )
     parser.add_argument(
         "--tool-choice",

@@ -294,3 +294,21 @@ def next_expected_call(messages: Sequence[Mapping[str, Any]]) -> ToolCall | None
         return None
     index = rounds_done(messages)
     return plan[index] if index < len(plan) else None
+
+
+_TAG_RE = re.compile(r"^heisenhunt (\S+) turn (\d+)/(\d+)$")
+
+
+def session_tag(session_id: str, round_index: int, turns: int) -> str:
+    """The OpenAI `user` field of a session's turn: which session, which turn of how many. A conversation
+    of a prompts file carries no plan, so the embedded default reads its session from this (its load
+    model counts open sessions); a real server only logs it. No space in `session_id`."""
+    return f"heisenhunt {session_id} turn {round_index + 1}/{turns}"
+
+
+def parse_session_tag(user: Any) -> tuple[str, int, int] | None:
+    """(session id, round index, turns) of a `session_tag`, or None for anything else."""
+    found = _TAG_RE.match(user) if isinstance(user, str) else None
+    if not found or not 1 <= int(found.group(2)) <= int(found.group(3)):
+        return None
+    return found.group(1), int(found.group(2)) - 1, int(found.group(3))

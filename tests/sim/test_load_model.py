@@ -181,7 +181,7 @@ def test_parse_session_idle_refuses(raw):
 def test_session_turn_names_the_task_and_its_round():
     task = tasks.make_task(7, 3, rounds=4)
     for r in range(4):
-        assert session_turn(tasks.conversation_after(task, r)) == (task.task_id, r, r == 3)
+        assert session_turn(tasks.conversation_after(task, r)) == (task.task_id, r, r == 3, 4)
     assert session_turn(tasks.conversation_after(task, 4)) is None  # the plan is done: DONE, no round
 
 
@@ -189,7 +189,7 @@ def test_session_turn_without_a_plan_or_a_task_id():
     assert session_turn([{"role": "user", "content": "Hello"}]) is None
     assert session_turn("not a conversation") is None
     plan = '<plan>[{"name": "read_file", "arguments": {"path": "a"}}]</plan>'
-    key, r, last = session_turn([{"role": "user", "content": f"do this: {plan}"}])
+    key, r, last, _ = session_turn([{"role": "user", "content": f"do this: {plan}"}])
     assert len(key) == 16 and (r, last) == (0, True)  # a digest of the message that states the plan
     other = session_turn([{"role": "user", "content": f"do that: {plan}"}])
     assert other[0] != key
