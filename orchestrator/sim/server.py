@@ -413,7 +413,8 @@ class SimServer:
         prompt_tokens = estimate_prompt_tokens(messages, tools)
         if self.mode == "prefill":
             return await self._prefill(request, body, prompt_tokens, chat=True)
-        turn = session_turn(messages) or tagged_turn(body.get("user"))
+        # the session the client names (a prompts file has no plan to read), else its plan's
+        turn = tagged_turn(body.get("user")) or session_turn(messages)
         if turn is None:
             return (await self._chat_decode(request, body, messages, tools, max_tokens, prompt_tokens))[0]
         # a turn of a tool-calling session: the session is open on this decode from now (engine.py)

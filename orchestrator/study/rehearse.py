@@ -626,7 +626,6 @@ def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Jo
 
     from orchestrator.config.load import load_job
     from orchestrator.config.plan import plan_arm
-    from orchestrator.sim.faults import session_rate
 
     memo: dict[tuple[str, ...], ArmTruth] = {}
 
@@ -641,14 +640,67 @@ def job_truths(model, icc_override: float | None = None) -> Callable[[designs.Jo
             load = min(sessions, int(cfg.workload.concurrency or sessions))
             prefill, decode = _role_configs({r: (plan.roles[r].env, plan.roles[r].flags) for r in ROLE_PAIR})
             rule = model.rule_for(prefill, decode)
-            rate = session_rate(rule.probability(load), rounds) if rule else 0.0
-            icc = (rule.restart_icc if icc_override is None else icc_override) if rule else 0.0
+            kinds = turn_kinds(cfg.workload.prompts, int(cfg.workload.seed), sessions)
+            oracle = str(cfg.workload.oracle)
+            variance = model.batch_variance if kinds is not None else None  # free text alone flips
+            p_fault = rule.probability(load) if rule else 0.0
+            p_benign = variance.probability(load) if variance else 0.0
+            rate = oracle_rate(oracle, rounds, kinds, p_fault, p_benign)
+            # the between-start variation: the rule's, else (benign variance alone) the variance's
+            source_icc = (
+                rule.restart_icc if rule else (variance.restart_icc if variance and p_benign else 0.0)
+            )
+            icc = (source_icc if icc_override is None else icc_override) if rate > 0 else 0.0
             memo[key] = ArmTruth(
                 job.label, dict(plan.factors), rate, icc, rule.name if rule else None, plan.signature
             )
         return memo[key]
 
     return truth_of
+
+
+def turn_kinds(prompts: str | None, seed: int, sessions: int) -> list[tuple[str, ...]] | None:
+    """Per session, the kinds of its turns as the embedded default answers them: `call` (a planned tool
+    call: its recorded answer made one), `text` (free text), `answer` (the last turn of a conversation
+    with an expected answer, free text judged by it too); None: the built-in tasks (every turn a call)."""
+    if prompts is None:
+        return None
+    from orchestrator.workload.prompts import load_prompts, replay_turns, session_conversation
+
+    conversations = load_prompts(prompts)
+    kinds = []
+    for index in range(sessions):
+        conversation = session_conversation(conversations, seed, index)
+        kinds.append(
+            tuple(
+                "call"
+                if turn.expected_call is not None
+                else ("answer" if turn.last and conversation.expected is not None else "text")
+                for turn in replay_turns(conversation)
+            )
+        )
+    return kinds
+
+
+def oracle_rate(
+    oracle: str, rounds: int, kinds: Sequence[tuple[str, ...]] | None, p_fault: float, p_benign: float
+) -> float:
+    """The session rate an oracle sees (pure): a turn is changed by the fault with `p_fault` and, free
+    text only, by benign batch variance with `p_benign`; the tool-call oracle sees a changed call, and a
+    changed free text only where an expected answer judges it; the divergence oracle sees every change.
+    `kinds` None: the built-in tasks, `rounds` planned calls."""
+    if kinds is None:
+        return 1.0 - (1.0 - p_fault) ** rounds
+    rates = []
+    for turns in kinds:
+        clean = 1.0
+        for kind in turns:
+            if kind == "call":
+                clean *= 1.0 - p_fault
+            elif oracle == "divergence" or kind == "answer":
+                clean *= (1.0 - p_fault) * (1.0 - p_benign)
+        rates.append(1.0 - clean)
+    return sum(rates) / len(rates) if rates else 0.0
 
 
 # overrides that change a run, not its arm's truth
