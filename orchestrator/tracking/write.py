@@ -51,7 +51,7 @@ from orchestrator.tracking.layout import (
 from orchestrator.tracking.outbox import OutboxClient, deliver_all
 from orchestrator.workload import decode_load
 from orchestrator.workload.bench import bench_to_dict
-from orchestrator.workload.detect import FAMILIES
+from orchestrator.workload.detect import FAMILIES, ORACLES
 from orchestrator.workload.results import BenchResult, LogFacts, StressSummary
 
 log = logging.getLogger(__name__)
@@ -559,8 +559,12 @@ class ArmTracker:
         metrics |= {f"detector.{name}": count for name, count in summary.by_detector.items()}
         # every family, counted or only noted: sessions with at least one finding of it (0 logged too,
         # so an arm without drift reads 0, not missing)
-        metrics |= {f"family.{name}": summary.by_family.get(name, 0) for name in FAMILIES}
+        # (the families the run's oracle judges, and any other found: a tool-call run logs no divergence)
+        judged = set(ORACLES.get(summary.oracle, ())) | set(summary.by_family)
+        metrics |= {f"family.{name}": summary.by_family.get(name, 0) for name in FAMILIES if name in judged}
         metrics["usage_missing_turns"] = summary.usage_missing_turns
+        if summary.oracle == "divergence":  # its reference pass held the GPUs too (in stress_duration_s)
+            metrics["reference_s"] = summary.reference_s
         self._metrics(metrics)
         self._outcome_logged = True
         self._flush_startup()
