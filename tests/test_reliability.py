@@ -498,7 +498,18 @@ class BadInput:
 BAD_INPUTS = {
     "unknown detector family": BadInput(
         ("workload.count=[structural,drift]",),
-        ("workload.count: ['drift'] not a detector family; accepted: ['structural', 'plan_drift']",),
+        (
+            "workload.count: ['drift'] not a detector family; accepted: ['structural', 'plan_drift', "
+            "'diverged_early', 'diverged', 'wrong_answer', 'reproducer']",
+        ),
+    ),
+    "unknown oracle": BadInput(
+        ("workload.oracle=eyeball",),
+        ("workload.oracle: 'eyeball' is not one of ['tool_calls', 'divergence', 'reproducer']",),
+    ),
+    "prompts file that is not there": BadInput(
+        ("workload.prompts=/nonexistent/prompts.jsonl",),
+        ("workload.prompts: /nonexistent/prompts.jsonl", "cannot read"),
     ),
     "unknown tool choice": BadInput(
         ("workload.tool_choice=always",),

@@ -274,8 +274,9 @@ class StressSettings:
             "count": list(self.count),
             "tool_choice": self.tool_choice,
             "max_tokens": self.max_tokens,
-            "oracle": self.oracle,
-            "prompts": self.prompts,
+            # the tool-call oracle on the built-in tasks, the default, adds nothing (its records as before)
+            **({"oracle": self.oracle} if self.oracle != "tool_calls" else {}),
+            **({"prompts": self.prompts} if self.prompts is not None else {}),
             **(
                 {"early_tokens": self.early_tokens, "compare": self.compare}
                 if self.oracle == "divergence"
