@@ -17,6 +17,8 @@ SHIPPED_FACTORS = {
     "multi_stream": ["off", "on"],
     # the GPU decode engine's fix (experiments/gpu_race.yaml)
     "indexer_fix": ["none", "record_stream"],
+    # SGLang's deterministic inference (experiments/real_determinism.yaml)
+    "determinism": ["off", "on"],
 }
 
 

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hicache-ratio", type=float, default=2.0)
     p.add_argument("--hicache-size", type=int, default=0)
     p.add_argument("--disable-overlap-schedule", action="store_true")
+    # batch-invariant kernels: the embedded default's benign batch variance is off on a decode with it
+    p.add_argument("--enable-deterministic-inference", action="store_true")
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--reasoning-parser", default=None)
     p.add_argument("--enable-metrics", action="store_true")

@@ -449,8 +449,8 @@ class DecodeEngine:
 
     def _variance_probability(self, request: DecodeRequest, batch: int) -> float:
         variance = self.model.batch_variance
-        if variance is None:
-            return 0.0
+        if variance is None or self.config.args.get("enable_deterministic_inference"):
+            return 0.0  # none modelled, or batch-invariant kernels on the decode that generates
         p = variance.probability(batch)
         quantile = self.restart_quantiles.get(BATCH_VARIANCE)
         if quantile is None or p in (0.0, 1.0):
