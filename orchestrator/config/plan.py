@@ -82,6 +82,9 @@ class ArmPlan:
     warmup: bool = True
     # prefill healthy before decode starts (deployment.sequential_start)
     sequential_start: bool = False
+    # the free-GPU gate before a start (deployment.gpu_free_timeout_s, gpu_idle_mib: run/gpus.py)
+    gpu_free_timeout_s: float = 120.0
+    gpu_idle_mib: int = 1024
     workload: StressConf = field(default_factory=StressConf)
     bench: BenchConf = field(default_factory=BenchConf)
     deployment: str = ""
@@ -371,6 +374,8 @@ def plan_arm(job: JobConf) -> ArmPlan:
         stop_grace_s=float(deployment.stop_grace_s),
         warmup=bool(deployment.warmup),
         sequential_start=bool(deployment.sequential_start),
+        gpu_free_timeout_s=float(deployment.gpu_free_timeout_s),
+        gpu_idle_mib=int(deployment.gpu_idle_mib),
         workload=job.workload,
         bench=job.bench,
         deployment=deployment.name,

@@ -177,6 +177,11 @@ class DeploymentConf:
     # started at the same moment, each sizes its KV cache from the memory it finds free, and one start
     # in three failed for it (sglang 0.5.17, prefill and decode on one H200). false: both at once
     sequential_start: bool = False
+    # before each start, wait at most this long for every GPU the server roles use to be free (no compute
+    # process on it, at most gpu_idle_mib in use: run/gpus.py); past it the start is refused naming the
+    # processes that hold them. Hosts without nvidia-smi pass at once
+    gpu_free_timeout_s: float = 120.0
+    gpu_idle_mib: int = 1024
     # the sglang versions this deployment's flags and env vars are written for (a PEP 440 specifier,
     # e.g. "==0.5.23"); a host with another version, or none, is refused. null: not an sglang deployment
     sglang_version: str | None = None

@@ -30,6 +30,7 @@ from orchestrator.config.plan import ArmPlan, RolePlan, server_url
 from orchestrator.config.redact import redact_text
 from orchestrator.config.schema import ROLES, SERVER_ROLES
 from orchestrator.remote.base import Transport, TransportError
+from orchestrator.run import gpus
 
 log = logging.getLogger(__name__)
 
@@ -368,12 +369,30 @@ class Deployment:
         for group in server_start_groups(self.plan.sequential_start):
             self.start_together(group)
 
+    def wait_gpus_free(self) -> None:
+        """Every GPU the server roles use is back to its idle memory before a start (run/gpus.py): a
+        bounded wait, then a refusal (DeployError) that names what holds them and where."""
+        hosts: dict[str, tuple[Transport, list[Mapping[str, str]]]] = {}
+        for role in SERVER_ROLES:
+            transport = self.transports[role]
+            hosts.setdefault(transport.host, (transport, []))[1].append(self.plan.roles[role].env)
+        try:
+            gpus.wait_free(
+                {host: (t, gpus.visible_gpus(envs)) for host, (t, envs) in hosts.items()},
+                self.plan.gpu_free_timeout_s,
+                self.plan.gpu_idle_mib,
+                on_event=self.on_event,
+            )
+        except gpus.GpusBusy as e:
+            raise DeployError("GPUs", str(e)) from e
+
     def co_restart(self) -> None:
         """Stop all roles; start prefill and decode together (PD servers pair up per request through
         the bootstrap server, not at start-up; one after the other where they share a GPU), health-gate
         them, then the router, gated until it has registered both; then warm up."""
         self.stop_all()
         self.check_ports_free()
+        self.wait_gpus_free()
         self.held_since = time.monotonic()
         self.start_servers()
         self.start_role("router")
