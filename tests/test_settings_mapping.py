@@ -22,7 +22,9 @@ from tests.conftest import plan_of
 ARM_GIVES_STRESS = {"url", "out_dir", "model", "progress"}  # progress: off under the sweep's display
 ARM_GIVES_BENCH = {"url", "model", "concurrency_levels"}  # the schema's `concurrency` is the levels
 # settings a job's config does not carry: the arm runs with their defaults
-JOB_LEAVES_STRESS = {"keep_transcripts", "max_tokens", "watch_interval_s"}
+JOB_LEAVES_STRESS = {"keep_transcripts", "watch_interval_s"}
+# the workload fields only a reproducer takes (workload=reproducer: workload/reproducer.py)
+REPRODUCER_ONLY = {"call", "command"}
 JOB_LEAVES_BENCH = {"requests_per_level", "duration_s", "seed", "thresholds"}
 # the schema's bench fields that say whether and where the sweep runs, not how
 BENCH_SCHEMA_ONLY = {"enabled", "repetitions", "concurrency"}
@@ -41,7 +43,9 @@ def same(a: Any, b: Any) -> bool:
 
 
 def test_every_stress_setting_is_the_job_configs_or_named_by_the_arm():
-    assert names(StressConf) <= names(StressSettings), "a workload field the stress run never sees"
+    assert names(StressConf) - REPRODUCER_ONLY <= names(StressSettings), (
+        "a workload field the stress run never sees"
+    )
     assert names(StressSettings) - names(StressConf) == ARM_GIVES_STRESS | JOB_LEAVES_STRESS
 
 
@@ -105,7 +109,7 @@ def test_the_arms_workload_and_bench_sections_flow_into_the_settings(compose_cfg
     StressThenBench(0).measure(plan, _Alive(), _Recorder(), tmp_path)
 
     settings, config = seen["s"], seen["b"]
-    for name in names(StressConf):
+    for name in names(StressConf) - REPRODUCER_ONLY:
         assert same(getattr(settings, name), getattr(plan.workload, name)), name
     for name in names(BenchConf) - BENCH_SCHEMA_ONLY:
         assert same(getattr(config, name), getattr(plan.bench, name)), name
