@@ -11,13 +11,14 @@
 #   scripts/real-sglang.sh snap [COMMIT]     here: the snapshot alone, again (the parts stay)
 #   scripts/real-sglang.sh rehearse          here, CPU: the same study from the snapshot against the
 #                                            simulator (sequential start, router gate, forced tools, sweep)
-#   device `run` x3, back to back:
-#     carry [".rs-run/c1"]  command: bash scripts/real-sglang.sh stage .rs-run/c1    (then c2 the same)
+#   device `run` x4, back to back:
+#     carry [".rs-run/c1"]  command: bash scripts/real-sglang.sh stage .rs-run/c1    (then c2, c4 the same)
 #     carry [".rs-run/c3"]  command: set -o pipefail; bash .rs-run/c3/tree/scripts/real-sglang.sh device \
 #                                    2>&1 | tee $OUT/log
 #                                            there: unpack, facts, the study (its preflight first), what is
 #                                            left running; results to $OUT
-#   scripts/real-sglang.sh collect DIR       here: DIR is the run's files_at; writes reports/real_sglang/
+#   scripts/real-sglang.sh collect DIR       here: DIR is the run's files_at; writes reports/$EXPERIMENT/
+#   EXPERIMENT=real_determinism (default real_sglang) picks the study, for rehearse, device and collect
 #
 # What the probe learnt (../shared/real-sglang/FINDINGS.md): the device's transformers 5.17 breaks sglang
 # 0.5.17 at import (5.12.1 + tokenizers 0.22.2 carried), flashinfer is imported at start-up, FA3 (1.1 GB)
@@ -37,7 +38,7 @@ ORCH_WHEELS=${ORCH_WHEELS:-/work/shared/gpu-probes/wheels-for-the-gpu-machine.tx
 # on the device: where the parts land and sglang is unpacked (the deployment's model_path is under it)
 RS=/tmp/real-sglang
 STUDY_TIMEOUT_S=${STUDY_TIMEOUT_S:-500}
-EXPERIMENT=real_sglang
+EXPERIMENT=${EXPERIMENT:-real_sglang}
 STEPS=${STEPS:-/tmp/real-sglang-steps.txt}
 # the sglang wheels built for newer manylinux than the orchestrator's
 SGLANG_PLATFORM=(--platform manylinux_2_39_x86_64 --platform manylinux_2_35_x86_64
@@ -114,11 +115,12 @@ prepare() {
   step tiny tiny
   step orchestrator_site site_pack "$ORCH_WHEELS" "$ROOT/.gpu-wheels" "$WHEELS/site-gpu.tar.xz"
   rm -rf "$RUN"
-  mkdir -p "$RUN/c1" "$RUN/c2" "$RUN/c3"
+  mkdir -p "$RUN/c1" "$RUN/c2" "$RUN/c3" "$RUN/c4"
   cp "$WHEELS/parts/site.tgz.part00" "$RUN/c1/"
   cp "$WHEELS/parts/site.tgz.part01" "$RUN/c2/"
-  cp "$WHEELS"/parts/site.tgz.part0[2-9] "$WHEELS/parts/mc.tgz" "$WHEELS/parts/tiny.tgz" \
-    "$WHEELS/site-gpu.tar.xz" "$RUN/c3/"
+  # mooncake in a part of its own: with the orchestrator's site and the snapshot, c3 outgrew one call
+  cp "$WHEELS/parts/mc.tgz" "$RUN/c4/"
+  cp "$WHEELS"/parts/site.tgz.part0[2-9] "$WHEELS/parts/tiny.tgz" "$WHEELS/site-gpu.tar.xz" "$RUN/c3/"
   snap "$commit"
   cat "$STEPS"
 }
@@ -126,8 +128,8 @@ prepare() {
 # snap [COMMIT]: the snapshot alone, taken again into c3 (after a commit; the parts stay)
 snap() {
   step snapshot snapshot "$ROOT" "${1:-HEAD}" "$RUN/c3/tree"
-  for c in c1 c2 c3; do check_carry "$RUN/$c" || exit 1; done
-  echo "snapshot of $(head -1 "$RUN/c3/tree/SNAPSHOT_COMMIT") ready in $RUN (c1, c2 staged; c3 runs)"
+  for c in c1 c2 c3 c4; do check_carry "$RUN/$c" || exit 1; done
+  echo "snapshot of $(head -1 "$RUN/c3/tree/SNAPSHOT_COMMIT") ready in $RUN (c1, c2, c4 staged; c3 runs)"
 }
 
 # stage DIR (on the device): copy a carried part to /tmp, where the machine keeps it while warm
@@ -144,7 +146,7 @@ rehearse() {
   mkdir -p "$out"
   cd "$RUN/c3/tree"
   PYTHONPATH=$RUN/c3/tree timeout 900 python3 -m orchestrator -m +experiment=$EXPERIMENT \
-    deployment=sim_dsv4 deployment.sequential_start=true workload.count=[structural] \
+    deployment=sim_dsv4 deployment.sequential_start=true \
     report.dir="$out/reports" tracking.uri="sqlite:///$out/mlruns.db" hydra.sweep.dir="$out/multirun" \
     "$@" 2>&1 | tail -40
   pack "$out" "$out/reports/$EXPERIMENT" "$out/results"

@@ -27,12 +27,15 @@ import argparse
 import difflib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import os
 import platform
 import re
+import shutil
 import socket
+import subprocess
 import sys
 
 # the modules each transfer backend imports when its KV manager starts (sglang/srt/disaggregation, 0.5.23)
@@ -176,8 +179,56 @@ def judge_backend(name):
 
 
 def identity():
-    """What ran where (an arm's provenance): the engine's version, the host's name, this python's."""
-    return {"sglang": sglang_version(), "hostname": socket.gethostname(), "python": platform.python_version()}
+    """What ran where (an arm's provenance): the engine's version, the host's name, this python's, and the
+    machine under the engine (torch, the CUDA it was built for, the GPUs and their driver) where there."""
+    return {
+        "sglang": sglang_version(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        **torch_build(),
+        **gpus(),
+    }
+
+
+def torch_build():
+    """torch's version and the CUDA it was built for, read from its files (importing torch takes seconds)."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    spec = importlib.util.find_spec("torch")
+    cuda = None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+                found = re.search(r"^cuda(?:: [^=]+)? = '([^']*)'", f.read(), re.M)
+        except OSError:
+            continue
+        cuda = found.group(1) if found else None
+    return {"torch": version, "cuda": cuda}
+
+
+def gpus():
+    """The GPUs' names and the driver, as nvidia-smi says (nothing where it is not installed)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [[f.strip() for f in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+    names = sorted({r[0] for r in rows})
+    return {
+        "gpu": f"{len(rows)} x {', '.join(names)}" if rows else None,
+        "driver": rows[0][-1] if rows else None,
+    }
 
 
 def main(request):

@@ -249,13 +249,23 @@ class HostIdentity:
     hostname: str
     python_version: str
     sglang_version: str | None
+    # the machine under the engine, where the host has them (engine_probe.identity)
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    gpu: str | None = None
+    driver_version: str | None = None
 
     @classmethod
     def from_probe(cls, answer: Mapping[str, Any]) -> HostIdentity | None:
         """None for an answer that does not say (a probe that could not tell)."""
         if "hostname" not in answer:
             return None
-        return cls(str(answer["hostname"]), str(answer["python"]), answer.get("sglang") or None)
+        return cls(
+            str(answer["hostname"]),
+            str(answer["python"]),
+            answer.get("sglang") or None,
+            *(answer.get(key) or None for key in ("torch", "cuda", "gpu", "driver")),
+        )
 
 
 def _set_by(plan: ArmPlan, role: str, kind: str, name: str) -> str:
@@ -448,6 +458,10 @@ class HostProvenance:
     checkout_sha: str | None = None
     checkout_dirty: bool | None = None
     gpu_memory_used_mib: tuple[int, ...] | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    gpu: str | None = None
+    driver_version: str | None = None
 
     def as_params(self, prefix: str) -> dict[str, str]:
         return {
@@ -486,6 +500,10 @@ def host_provenance(
         checkout_sha=git["sha"],
         checkout_dirty=git["dirty"],
         gpu_memory_used_mib=tuple(gpus) if gpus is not None else None,
+        torch_version=identity.torch_version,
+        cuda_version=identity.cuda_version,
+        gpu=identity.gpu,
+        driver_version=identity.driver_version,
     )
 
 
