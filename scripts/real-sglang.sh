@@ -196,6 +196,9 @@ device() {
     echo "snapshot: $(cat SNAPSHOT_COMMIT)"
     device_facts "$RS/python"
   } | tee "$res/device.txt"
+  # the free-GPU gate on the real GPU: refused while a process of its own holds memory, then on (once)
+  [ -n "${GATE_DEMO:-}" ] && step gpu_gate sh -c "python3 scripts/gpu_gate_demo.py +experiment=$EXPERIMENT \
+    >$res/gpu_gate.txt 2>&1; tail -8 $res/gpu_gate.txt"
   step study timeout "$STUDY_TIMEOUT_S" python3 -m orchestrator -m +experiment=$EXPERIMENT \
     ++cluster.hosts.prefill.python=$RS/python ++cluster.hosts.decode.python=$RS/python "$@" \
     >"$res/study.log" 2>&1 || echo "study ended with status $?" | tee -a "$res/study.log"
