@@ -53,7 +53,12 @@ def run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProc
 def test_the_wheel_holds_the_wings_and_real_config_files(unpacked_wheel):
     for wing in ("config", "run", "study", "tracking", "report", "workload", "analysis", "remote", "sim"):
         assert (unpacked_wheel / "orchestrator" / wing / "__init__.py").is_file(), wing
-    for shipped in ("orchestrator/conf/config.yaml", "orchestrator/studies/experiment/dsv4_corruption.yaml"):
+    for shipped in (
+        "orchestrator/conf/config.yaml",
+        "orchestrator/conf/workload/reproducer.yaml",
+        "orchestrator/studies/experiment/dsv4_corruption.yaml",
+        "orchestrator/workload/reproducer.schema.json",  # a reproducer's lines are checked against it
+    ):
         path = unpacked_wheel / shipped
         assert path.is_file() and not path.is_symlink(), shipped
     assert (unpacked_wheel / "hydra_plugins" / "heisenhunt_sweeper" / "study_sweeper.py").is_file()
