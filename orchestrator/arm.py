@@ -173,7 +173,8 @@ class StressThenBench:
         except BaseException:
             decode_load = monitor.stop()
             # whatever completed before the interrupt or crash is kept, marked partial by its counts
-            tracker.log_stress(summarize_jsonl(stress_dir / "sessions.jsonl", planned=w.sessions), stress_dir)
+            partial = summarize_jsonl(stress_dir / "sessions.jsonl", planned=w.sessions, oracle=w.oracle)
+            tracker.log_stress(partial, stress_dir)
             log_decode_load(tracker, decode_load, stress_dir)
             raise
         tracker.log_stress(summary, stress_dir)

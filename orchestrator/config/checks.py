@@ -409,6 +409,12 @@ def workload_problems(w: StressConf) -> list[str]:
     if w.oracle == "reproducer":
         from orchestrator.workload.reproducer import reproducer_problems
 
+        if w.count is not None and list(w.count) != ["reproducer"]:
+            problems.append(
+                f"workload.count: {list(w.count)} judges nothing under a reproducer, whose sessions are "
+                "its own verdicts; accepted: [reproducer] or null"
+            )
+
         problems += reproducer_problems(w)
     elif w.call is not None or w.command is not None:
         problems.append(

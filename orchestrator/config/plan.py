@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config.redact import is_secret_name
+from orchestrator.config.redact import is_secret_name, redact_argv
 from orchestrator.config.schema import (
     ROLES,
     BenchConf,
@@ -136,7 +136,7 @@ def measurement_conditions(workload: StressConf) -> dict[str, str]:
 def reproducer_identity(call: Any, command: Sequence[str] | None) -> str:
     """What names a reproducer in an arm's identity: its callable's target, or its argv."""
     if command:
-        return shlex.join(str(word) for word in command)
+        return shlex.join(redact_argv(command))
     target = call.get("_target_") if isinstance(call, Mapping) else None
     return str(target or call)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 REDACTED = "***"
@@ -11,6 +11,21 @@ REDACTED = "***"
 
 def is_secret_name(name: str) -> bool:
     return bool(SECRET_NAME.search(name))
+
+
+def redact_argv(argv: Sequence[object]) -> list[str]:
+    """A copy of `argv` with the value of each secret-looking flag replaced by *** (`--token X` and
+    `--token=X` alike): a reproducer's command line is recorded, its credentials never."""
+    out: list[str] = []
+    for word in map(str, argv):
+        flag, eq, _ = word.partition("=")
+        if out and out[-1].startswith("-") and "=" not in out[-1] and is_secret_name(out[-1]):
+            out.append(REDACTED)
+        elif eq and flag.startswith("-") and is_secret_name(flag):
+            out.append(f"{flag}={REDACTED}")
+        else:
+            out.append(word)
+    return out
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

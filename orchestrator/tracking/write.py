@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.analysis.stats import clopper_pearson
 from orchestrator.config.plan import ArmPlan, arm_label, flag_words
-from orchestrator.config.redact import redact_env, redact_text
+from orchestrator.config.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_text
 from orchestrator.config.schema import StudyConf, TrackingConf
 from orchestrator.tracking.layout import (
     ARMS_VIEW,
@@ -167,12 +167,23 @@ def _digits(x: float) -> float:
 
 
 def _flatten(prefix: str, node: Any) -> dict[str, str]:
+    """Dotted params of a config section; a reproducer's secret-looking keyword argument (`call.api_key`)
+    and secret flag's value (its `command`'s `--token X`) are recorded as ***."""
     if isinstance(node, Mapping):
         out: dict[str, str] = {}
         for key, value in node.items():
             out.update(_flatten(f"{prefix}.{key}", value))
         return out
+    if prefix.startswith(REPRODUCER_KEYS) and node is not None:
+        if isinstance(node, list | tuple):
+            node = redact_argv(node)
+        elif is_secret_name(prefix.rsplit(".", 1)[-1]):
+            node = REDACTED
     return {prefix: "null" if node is None else str(node)}
+
+
+# the reproducer's callable's keyword arguments and its argv: the params where a user's credentials may be
+REPRODUCER_KEYS = ("workload.call.", "workload.command")
 
 
 # --- parent run: the study callback ----------------------------------------------------------------
@@ -572,7 +583,7 @@ class ArmTracker:
         if out_dir is None:
             return
         out_dir = Path(out_dir)
-        for name in ("sessions.jsonl", "summary.json"):
+        for name in ("sessions.jsonl", "summary.json", "reproducer.stderr"):
             if (out_dir / name).is_file():
                 self.log_artifact(out_dir / name, "stress")
         corrupted = out_dir / "corrupted"

@@ -19,7 +19,7 @@ Exactly one of two forms (docs/reproducer.md):
   the whole run.
 
 Every outcome is checked against reproducer.schema.json and written at once, as the stress workload writes
-its own (stress._Outputs): `sessions.jsonl`, `summary.json`, and `corrupted/<id>.json` with the detail in
+its own (stress.Outputs): `sessions.jsonl`, `summary.json`, and `corrupted/<id>.json` with the detail in
 full. A reproducer that breaks the protocol (a line that is no such object, a session reported twice, more
 or fewer sessions than planned, a non-zero exit, a run past its timeout, a callable's invalid return)
 raises ReproducerError naming the line, the exit status or the timeout: the arm is then FAILED and never
@@ -52,7 +52,7 @@ from typing import Any, BinaryIO
 from orchestrator.workload.client import run_sync
 from orchestrator.workload.fill import fill
 from orchestrator.workload.results import BadTurn, SessionOutcome, StressSummary
-from orchestrator.workload.stress import SessionRun, _Outputs, _quiet_on_interrupt
+from orchestrator.workload.stress import Outputs, SessionRun, quiet_on_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -500,7 +500,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 class _CommandRun:
     """One run of the command: its lines read, checked and recorded as they come."""
 
-    def __init__(self, settings: ReproducerSettings, outputs: _Outputs):
+    def __init__(self, settings: ReproducerSettings, outputs: Outputs):
         self.settings = settings
         self.outputs = outputs
         self.sessions = _Sessions(settings.sessions)
@@ -664,7 +664,7 @@ class _CallRun:
     started or the watchdog aborts (it then cancels the sessions in flight, which end as errored); each
     records its session's outcome as soon as it ends (as stress._StressRun)."""
 
-    def __init__(self, settings: ReproducerSettings, outputs: _Outputs, fn: Callable[..., Any]):
+    def __init__(self, settings: ReproducerSettings, outputs: Outputs, fn: Callable[..., Any]):
         self.settings = settings
         self.outputs = outputs
         self.fn = fn
@@ -746,9 +746,9 @@ async def run_reproducer(
     the same `server_gone` and `on_outcome`). Raises ReproducerError where it breaks its protocol; on
     that, and on cancellation, the outputs of the sessions reported so far are written first."""
     progress = sys.stderr.isatty() if settings.progress is None else settings.progress
-    outputs = _Outputs(settings.out_dir, settings.sessions, progress, on_outcome)
+    outputs = Outputs(settings.out_dir, settings.sessions, progress, on_outcome)
     started = time.monotonic()
-    asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
+    asyncio.get_running_loop().set_exception_handler(quiet_on_interrupt)
     try:
         if settings.call is not None:
             await _CallRun(settings, outputs, callable_of(settings.call)).run(server_gone)

@@ -200,9 +200,9 @@ def read_outcomes(path: str | Path) -> list[SessionOutcome]:
     return outcomes
 
 
-def summarize_jsonl(path: str | Path, planned: int) -> StressSummary:
+def summarize_jsonl(path: str | Path, planned: int, oracle: str = "tool_calls") -> StressSummary:
     """The summary of whatever a run wrote to its sessions JSONL, also when it was interrupted."""
-    return summarize(read_outcomes(path), planned, duration_s=0.0)
+    return summarize(read_outcomes(path), planned, duration_s=0.0, oracle=oracle)
 
 
 def errors_by_kind(outcomes: list[SessionOutcome]) -> dict[str, int]:
@@ -620,7 +620,7 @@ def outcome_dict(outcome: SessionOutcome) -> dict[str, Any]:
     return document
 
 
-class _Outputs:
+class Outputs:
     """The run's files and live counts; every write is flushed at once."""
 
     def __init__(
@@ -719,7 +719,7 @@ class _StressRun:
     def __init__(
         self,
         settings: StressSettings,
-        outputs: _Outputs | None,
+        outputs: Outputs | None,
         server_gone: Callable[[], str | None] | None,
         prompts: Prompts,
         session: Callable[[Any, int], Awaitable[SessionRun]],
@@ -804,7 +804,7 @@ def _tool_call_session(
 
 async def _run_divergence(
     settings: StressSettings,
-    outputs: _Outputs,
+    outputs: Outputs,
     server_gone: Callable[[], str | None] | None,
     prompts: Prompts,
 ) -> None:
@@ -844,7 +844,7 @@ def reference_record(references: Mapping[int, Reference], seconds: float) -> dic
     }
 
 
-def _quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+def quiet_on_interrupt(loop: asyncio.AbstractEventLoop, context: dict) -> None:
     """A Ctrl-C or SIGTERM lands in whichever session task runs at that moment: that task's
     KeyboardInterrupt is the interrupt the caller handles, not an error for asyncio to print as
     "Task exception was never retrieved" with a traceback."""
@@ -872,9 +872,9 @@ async def run_stress(
     """
     progress = sys.stderr.isatty() if settings.progress is None else settings.progress
     prompts = Prompts.of(settings)
-    outputs = _Outputs(settings.out_dir, settings.sessions, progress, on_outcome)
+    outputs = Outputs(settings.out_dir, settings.sessions, progress, on_outcome)
     started = time.monotonic()
-    asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
+    asyncio.get_running_loop().set_exception_handler(quiet_on_interrupt)
     try:
         if settings.oracle == "divergence":
             await _run_divergence(settings, outputs, server_gone, prompts)

@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from orchestrator.workload import client
-from orchestrator.workload.stress import _quiet_on_interrupt
+from orchestrator.workload.stress import quiet_on_interrupt
 
 SIGNAL_AT_CHUNK = 5  # a few chunks in: the stream is established and being read
 
@@ -49,7 +49,7 @@ async def _read_a_stream(cleaned_up: list[str]) -> str:
     """Reads a never-ending local stream until cancelled; says so on the way out. The loop's exception
     handler is the stress run's, which keeps a session's KeyboardInterrupt off the terminal."""
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_quiet_on_interrupt)
+    loop.set_exception_handler(quiet_on_interrupt)
     server = await asyncio.start_server(_stream_forever, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     lost: asyncio.Future = loop.create_future()

@@ -66,7 +66,7 @@ def test_tool_choice_modes():
     ):
         StressSettings(url="http://x", out_dir=Path("/tmp/x"), tool_choice="always")
     with pytest.raises(
-        ValueError, match=r"\['drift'\] not a detector family; accepted: \['structural', 'plan_drift', 'diverged_early'"
+        ValueError, match=r"\['drift'\] not a detector family; accepted: \['structural', 'plan_drift', 'diver"
     ):
         StressSettings(url="http://x", out_dir=Path("/tmp/x"), count=("drift",))
 
