@@ -59,8 +59,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.analysis import cause, clusters, cost, ddmin, stats
+from orchestrator.analysis.divergence import arm_divergence
 from orchestrator.analysis.result import StudyResult, from_json
-from orchestrator.analysis.runs import LevelSample, RunRecord, identity, run_used
+from orchestrator.analysis.runs import LevelSample, RunRecord, identity, oracle_of, run_used
 from orchestrator.analysis.states import (
     ArmState,
     StatePolicy,
@@ -74,7 +75,7 @@ from orchestrator.config.plan import BASELINE_LABEL, arm_label
 from orchestrator.config.schema import Hypothesis as HypothesisSpec  # noqa: F401 - re-exported for callers
 from orchestrator.config.schema import StudyConf as StudySpec
 from orchestrator.workload import decode_load
-from orchestrator.workload.detect import DEFAULT_COUNTED, FAMILIES
+from orchestrator.workload.detect import DEFAULT_COUNTED, FAMILIES, ORACLES
 
 # report.json's layout version (orchestrator/report/report.schema.json); 2: one state per arm (arm_states,
 # policy), read by every section
@@ -167,6 +168,11 @@ def pool_arms(
                         "reason": r.reason,
                         **({"wall_s": r.wall_s} if r.wall_s is not None else {}),
                         **({"stress_s": r.stress_s} if r.stress_s is not None else {}),
+                        **(
+                            {"reference_s": float(r.reference["duration_s"])}
+                            if r.reference.get("duration_s") is not None
+                            else {}
+                        ),
                     }
                     for r in group
                 ],
@@ -176,6 +182,10 @@ def pool_arms(
                 "decode_load": arm_decode_load(used),
             }
         )
+        # an arm judged by the differential oracle: where its sessions diverged, its reference pass
+        divergence = arm_divergence(arms[-1]["conditions"], group)
+        if divergence is not None:
+            arms[-1]["divergence"] = divergence
     arms.sort(key=lambda a: (a["label"] != BASELINE_LABEL, a["label"], a["signature"]))
     return arms
 
@@ -614,12 +624,12 @@ def headline(
     base = find_arm(arms, spec.baseline, conditions=conditions)
     if base is None or not base["n"]:
         return "No verdict: the baseline arm has no sessions with an outcome."
-    base_txt = f"baseline corruption {base['corrupted']}/{base['n']} ({base['rate']:.1%})"
+    oracle = oracle_of(base["conditions"])
+    base_txt = f"baseline {oracle_phrase(oracle, base['corrupted'], base['n'], format(base['rate'], '.1%'))}"
     implicated = [h for h in hyps if h["verdict"] == "implicated"]
     if base["corrupted"] == 0:
-        return (
-            f"The baseline arm showed no corruption (0/{base['n']}, upper bound {base['upper_bound']:.1%})."
-        )
+        bound = f"upper bound {base['upper_bound']:.1%}"
+        return f"The baseline arm {oracle_phrase(oracle, 0, base['n'], bound)}."
     if not implicated:
         return f"No hypothesis implicated ({base_txt}){verdict_groups(hyps)}."
     names = ", ".join(f"{h['id']} ({h['treatment_label']})" for h in implicated)
@@ -627,6 +637,31 @@ def headline(
     if deploy:
         text += f" Fix: deploy `{deploy['label']}` (throughput: {deploy['throughput_verdict']})."
     return text
+
+
+# an arm's corrupted sessions in its oracle's words (`oracle_phrase`): (some, none)
+ORACLE_WORDS = {
+    "tool_calls": ("corruption {k}/{n}", "showed no corruption"),
+    "divergence": (
+        "diverged from its batch-1 reference in {k}/{n} sessions",
+        "never diverged from its batch-1 reference",
+    ),
+    "reproducer": (
+        "judged corrupted by your reproducer in {k}/{n} sessions",
+        "was never judged corrupted by your reproducer",
+    ),
+}
+
+
+def oracle_phrase(oracle: str, corrupted: int, n: int, detail: str = "") -> str:
+    """An arm's corrupted sessions out of n in the words of the oracle that judged them, `detail` (a rate,
+    a bound) in parentheses: "corruption 39/240 (16.2%)", "diverged from its batch-1 reference in 39/240
+    sessions (16.2%)", "never diverged from its batch-1 reference (0/240, upper bound 1.5%)". The headline
+    and the report's arms read it (pure)."""
+    some, none = ORACLE_WORDS.get(oracle, ORACLE_WORDS["tool_calls"])
+    if corrupted == 0:
+        return f"{none} (0/{n}{', ' + detail if detail else ''})"
+    return some.format(k=corrupted, n=n) + (f" ({detail})" if detail else "")
 
 
 # the verdicts a headline without an implicated hypothesis lists, in this order (report/check.py reads them)
@@ -834,6 +869,14 @@ def counted_families(arm: Mapping[str, Any]) -> list[str]:
     return text.split(",") if text else list(DEFAULT_COUNTED)
 
 
+def _noted(arm: Mapping[str, Any], family: str) -> bool:
+    """Whether an arm's row notes a family beside its counted ones: one its oracle judges, or one it found
+    (runs log every family, 0 included: another oracle's zeros say nothing)."""
+    if family in counted_families(arm):
+        return False
+    return family in ORACLES.get(oracle_of(arm["conditions"]), ()) or bool(arm["families"].get(family))
+
+
 def families_block(arms: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Which detector families the verdicts count, and per arm the sessions with a finding of each
     family, the counted ones and those only noted beside (pure)."""
@@ -847,7 +890,7 @@ def families_block(arms: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "signature": a["signature"],
                 "sessions": a["n"],
                 "counted": {f: a["families"].get(f, 0) for f in counted_families(a)},
-                "noted": {f: a["families"].get(f, 0) for f in FAMILIES if f not in counted_families(a)},
+                "noted": {f: a["families"].get(f, 0) for f in FAMILIES if _noted(a, f)},
             }
             for a in arms
             if a["families"]

@@ -74,6 +74,8 @@ class RunRow:
     # seconds the run held its servers and spent in its stress phase (absent: not known, e.g. rehearsed)
     wall_s: float | None = dataclasses.field(default=ABSENT, kw_only=True)
     stress_s: float | None = dataclasses.field(default=ABSENT, kw_only=True)
+    # seconds of its batch-1 reference pass (part of stress_s), of a run judged by the differential oracle
+    reference_s: float | None = dataclasses.field(default=ABSENT, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,53 @@ class ArmDecodeLoad:
 
 
 @dataclasses.dataclass(frozen=True)
+class DivergedOutput:
+    """One output of a diverged turn, as an example shows it (`analysis.divergence.example`)."""
+
+    excerpt: str  # its text from the example's `start` on, bounded
+    chars: int  # its whole text's length
+    finish_reason: str | None
+    completion_tokens: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DivergenceExample:
+    """One diverged session of an arm: where it first parted from its batch-1 reference, both outputs
+    around that point."""
+
+    run_id: str
+    repetition: int
+    session_id: str
+    turn: int  # the turn (round index, from 0) that diverged
+    detector: str  # diverged_early | diverged
+    position: int  # the first differing token (or word, on the text basis), from 0
+    basis: str  # tokens | text
+    reference_token: str  # the reference's token there ("" past its end)
+    under_load_token: str
+    start: int  # the character both excerpts start at
+    at: int  # the first character at which the two texts differ
+    reference: DivergedOutput
+    under_load: DivergedOutput
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmDivergence:
+    """An arm judged by the differential oracle (`analysis.divergence.arm_divergence`): each diverged
+    session's first differing position and turn (pooled runs), the reference pass's cost, an example."""
+
+    positions: tuple[int, ...]
+    turns: tuple[int, ...]
+    basis: Mapping[str, int]  # tokens | text -> diverged sessions compared on it
+    early_tokens: int | None  # diverged_early below this position
+    reference_runs: int
+    reference_s: float  # the reference pass's seconds, summed over the arm's runs that recorded one
+    reference_sessions: int
+    reference_errored: int
+    stress_s: float | None  # the same runs' stress phases (which include the reference pass)
+    example: DivergenceExample | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Arm:
     label: str
     signature: str
@@ -146,6 +195,8 @@ class Arm:
     throughput: tuple[ThroughputLevel, ...]
     decode_load: ArmDecodeLoad | None
     state: str | None
+    # an arm judged by the differential oracle (workload.oracle=divergence); absent for the other oracles
+    divergence: ArmDivergence | None = ABSENT
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,15 @@ class RunRecord:
     # its stress phase; None where not recorded (older runs, rehearsed ones): what analysis/cost.py measures
     wall_s: float | None = None
     stress_s: float | None = None
+    # the differential oracle's record of the run, as its stress/summary.json keeps it: `reference` (the
+    # batch-1 reference pass: duration_s, sessions, errored, turns, completion_tokens, with_tokens) and
+    # `divergence` (positions, turns, basis of each diverged session); {} for runs of other oracles and runs
+    # logged before it
+    reference: dict[str, Any] = field(default_factory=dict)
+    divergence: dict[str, Any] = field(default_factory=dict)
+    # one diverged session's artifact (stress/corrupted/<session>.json), read for one run per arm
+    # (`example_run`): the report's example of a divergence; None on every other run
+    divergence_example: dict[str, Any] | None = None
 
 
 def identity(run: RunRecord) -> str:
@@ -74,6 +83,25 @@ def identity(run: RunRecord) -> str:
 def run_used(run: RunRecord) -> bool:
     """Whether a run's stress outcomes are pooled: FINISHED with complete outcomes (see the module doc)."""
     return run.status == "FINISHED" and run.outcomes == "complete"
+
+
+# the condition that names the oracle a run was judged by (config/plan.py measurement_conditions); the
+# tool-call oracle, the default, adds none
+ORACLE_CONDITION = "workload.oracle"
+DEFAULT_ORACLE = "tool_calls"
+DIVERGENCE = "divergence"
+
+
+def oracle_of(conditions: Mapping[str, str]) -> str:
+    """The oracle that judged a run (or an arm) of these conditions."""
+    return conditions.get(ORACLE_CONDITION, DEFAULT_ORACLE)
+
+
+def example_run(runs: Sequence[RunRecord]) -> RunRecord | None:
+    """The run whose diverged session an arm shows as its example: the first pooled run (by repetition,
+    then id) with a diverged session; None when the arm has none."""
+    found = [r for r in runs if run_used(r) and r.divergence.get("positions")]
+    return min(found, key=lambda r: (r.repetition, r.run_id), default=None)
 
 
 # the run tags that say where a run ran (`RunRecord.placement`)

@@ -1,4 +1,5 @@
-"""PNG plots of a study report (the typed result in, files out): corruption per arm, tok/s per level."""
+"""PNG plots of a study report (the typed result in, files out): corruption per arm, tok/s per level, and
+where the outputs first diverged per arm (studies judged by the differential oracle)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,40 @@ def throughput_plot(result: StudyResult, path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     if ax.lines:
         ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def divergence_plot(result: StudyResult, path: Path) -> Path:
+    """Where the first divergence falls, per arm judged by the differential oracle: one row per arm, a
+    histogram of its diverged sessions' first differing positions, and the `early_tokens` boundary."""
+    arms = [a for a in result.arms if a.divergence]
+    top = max((p for a in arms for p in a.divergence.positions), default=0)
+    # one bin per position while that stays readable, else about 40 bins
+    step = max(1, -(-(top + 1) // 40))
+    edges = [x - 0.5 for x in range(0, top + step + 1, step)]
+    fig, axes = plt.subplots(len(arms), 1, figsize=(7, 1.3 * len(arms) + 1.2), sharex=True, squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (ax, arm) in enumerate(zip(axes[:, 0], arms, strict=True)):
+        d = arm.divergence
+        if d.positions:
+            ax.hist(d.positions, bins=edges, color=colours[i % len(colours)])
+        else:
+            ax.text(0.5, 0.5, "no divergence", transform=ax.transAxes, ha="center", va="center", color="grey")
+        if d.early_tokens is not None and d.early_tokens <= top + step:
+            ax.axvline(d.early_tokens - 0.5, ls="--", color="grey")
+        ax.set_ylabel(f"{arm.label}\n{len(d.positions)}/{arm.n}", rotation=0, ha="right", va="center")
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    basis = sorted({b for a in arms for b in a.divergence.basis})
+    unit = {"tokens": "token", "text": "word"}
+    axes[-1, 0].set_xlabel(
+        "first differing " + " or ".join(unit.get(b, b) for b in basis or ["tokens"]) + " (from 0); "
+        "dashed: early_tokens"
+    )
+    axes[-1, 0].set_xlim(left=-0.5)
+    axes[0, 0].set_title(f"{result.study.name}: first divergence from the batch-1 reference")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -6,9 +6,10 @@ records the analysis reads, and `analysis.analyse` writes the report anew.
 
 What a report.json keeps of a run is its counts, status and reason; of an arm, its config, facts and the
 throughput per level of its benched run. So the rebuild is exact for everything the verdicts read (the
-counts per run, the pooling, the arm states, the hypotheses, the minimal cause) and approximate for the
-throughput's per-request spread (each level's medians stand for its requests). A section appended to the
-old report.md by another tool (the GPU section of orchestrator/gpu/report.py: `## GPU decode`) is kept.
+counts per run, the pooling, the arm states, the hypotheses, the minimal cause, a divergence study's
+positions, reference pass and example) and approximate for the throughput's per-request spread (each
+level's medians stand for its requests). A section appended to the old report.md by another tool (the
+GPU section of orchestrator/gpu/report.py: `## GPU decode`) is kept.
 
 Pure but for `rebuild`, which reads and writes files.
 """
@@ -44,6 +45,60 @@ def _bench(arm: Mapping[str, Any]) -> tuple[LevelSample, ...]:
     )
 
 
+def _artifact(example: Mapping[str, Any]) -> dict[str, Any]:
+    """A diverged session's artifact as an example keeps it: each output's excerpt at its place in a text
+    of its length (blanks around it), so the example is made again as it was (analysis/divergence.py)."""
+
+    def output(side: Mapping[str, Any]) -> dict[str, Any]:
+        head = " " * example["start"] + side["excerpt"]
+        return {
+            "text": head + " " * max(0, side["chars"] - len(head)),
+            "finish_reason": side["finish_reason"],
+            "completion_tokens": side["completion_tokens"],
+        }
+
+    return {
+        "session_id": example["session_id"],
+        "round_index": example["turn"],
+        "finding": {"detector": example["detector"]},
+        "difference": {
+            "position": example["position"],
+            "basis": example["basis"],
+            "reference": example["reference_token"],
+            "under_load": example["under_load_token"],
+        },
+        "reference": output(example["reference"]),
+        "under_load": output(example["under_load"]),
+    }
+
+
+def _divergence(arm: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """run id -> what its RunRecord carries of the arm's divergence block: each run's reference pass, the
+    arm's positions (pooled, on the run of its example, or its first pooled run) and its example."""
+    block = arm.get("divergence")
+    if not block:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    referenced = [r for r in arm["runs"] if r.get("reference_s") is not None]
+    for i, run in enumerate(referenced):
+        totals = (
+            {"sessions": block["reference_sessions"], "errored": block["reference_errored"]} if not i else {}
+        )
+        out[run["run_id"]] = {"reference": {"duration_s": run["reference_s"], **totals}}
+    example = block.get("example")
+    used = [r["run_id"] for r in arm["runs"] if r.get("used")]
+    holder = example["run_id"] if example else (used[0] if used else None)
+    if holder is not None and block["positions"]:
+        out.setdefault(holder, {})["divergence"] = {
+            "positions": list(block["positions"]),
+            "turns": list(block["turns"]),
+            "basis": dict(block["basis"]),
+        }
+        if example:
+            out[holder]["divergence_example"] = _artifact(example)
+    return out
+
+
 def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
     """The runs a report.json lists, as the analysis reads runs (module doc for what is approximate)."""
     records = []
@@ -51,6 +106,7 @@ def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
         finished = [r for r in arm["runs"] if r["status"] == "FINISHED"]
         benched = finished[0]["run_id"] if finished and arm.get("throughput") else None
         first_used = next((r["run_id"] for r in arm["runs"] if r.get("used")), None)
+        divergence = _divergence(arm)
         for run in arm["runs"]:
             records.append(
                 RunRecord(
@@ -72,6 +128,7 @@ def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
                     conditions=arm_conditions(arm.get("conditions") or {}),
                     wall_s=run.get("wall_s"),
                     stress_s=run.get("stress_s"),
+                    **divergence.get(run["run_id"], {}),
                 )
             )
     return records

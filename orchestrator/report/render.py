@@ -15,14 +15,18 @@ bytes.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
+import re
 import shlex
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis import oracle_phrase
 from orchestrator.analysis.cost import FIGURES
 from orchestrator.analysis.ddmin import STEER
 from orchestrator.analysis.result import (
@@ -33,6 +37,7 @@ from orchestrator.analysis.result import (
     Cost,
     DdminSearch,
     Deploy,
+    DivergenceExample,
     Families,
     MinimalCause,
     ProblemRun,
@@ -42,6 +47,7 @@ from orchestrator.analysis.result import (
     Trial,
     to_json,
 )
+from orchestrator.analysis.runs import oracle_of
 from orchestrator.config.shell import command_line
 from orchestrator.workload.decode_load import SHORT_FRACTION
 
@@ -411,7 +417,166 @@ def arms_section(result: StudyResult) -> list[str]:
         "",
         *([f"Arm states, which every section reads: {result.policy.text}.", ""] if result.policy else []),
         *_table(head, rows),
+        *reference_pass_lines(result.arms),
     ]
+
+
+def reference_pass_lines(arms: Sequence[Arm]) -> list[str]:
+    """Below the arms table, for arms judged by the differential oracle: each arm's count in the oracle's
+    words and what its batch-1 reference pass cost (GPU time too); nothing for the other oracles."""
+    judged = [a for a in arms if a.divergence]
+    if not judged:
+        return []
+    out = [
+        "Judged by the differential oracle (`workload.oracle=divergence`): each session's turns are sent "
+        "once alone (the batch-1 reference pass) and again under load, and a session is corrupted when its "
+        "output under load differs from its reference. The reference pass runs on the same servers, one "
+        "session at a time: GPU time too.",
+        "",
+    ]
+    for a in judged:
+        d = a.divergence
+        cost = f"its reference pass took {duration(d.reference_s)} over {d.reference_runs} run(s)"
+        if d.stress_s:
+            cost += f" ({pct(d.reference_s / d.stress_s, 0)} of their stress phase)"
+        if d.reference_errored:
+            cost += f", {d.reference_errored} of its {d.reference_sessions} reference sessions errored"
+        out.append(f"- **{a.label}** {oracle_phrase(oracle_of(a.conditions), a.corrupted, a.n)}; {cost}.")
+    return [*out, ""]
+
+
+# where write_report puts the plot of the first divergence per arm (linked from report.md)
+DIVERGENCE_PLOT = "divergence.png"
+# an example's outputs are diffed in lines of at most this many characters (a free-text output is often one
+# long line)
+DIFF_WIDTH = 100
+
+
+def has_divergence_positions(result: StudyResult) -> bool:
+    """Whether a study's arms have any diverged session to plot (`DIVERGENCE_PLOT` is written, linked)."""
+    return any(a.divergence and a.divergence.positions for a in result.arms)
+
+
+def _spread(values: Sequence[int]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.median(values):g} ({min(values)}–{max(values)})"
+
+
+def _by_turn(turns: Sequence[int]) -> str:
+    counts: dict[int, int] = {}
+    for t in turns:
+        counts[t] = counts.get(t, 0) + 1
+    return ", ".join(f"{t}: {k}" for t, k in sorted(counts.items())) or "–"
+
+
+def divergence_section(result: StudyResult) -> list[str]:
+    """Where the first divergence falls, per arm judged by the differential oracle (a table and the plot
+    `DIVERGENCE_PLOT`), and one example diff per arm with a diverged session."""
+    judged = [a for a in result.arms if a.divergence]
+    if not judged:
+        return []
+    head = [
+        "arm",
+        "diverged sessions",
+        "compared on",
+        "first differing position: median (range)",
+        "early",
+        "by turn",
+    ]
+    rows = []
+    for a in judged:
+        d = a.divergence
+        early = (
+            f"{sum(p < d.early_tokens for p in d.positions)} (< {d.early_tokens})"
+            if d.early_tokens is not None
+            else "–"
+        )
+        basis = ", ".join(f"{name} {k}" for name, k in d.basis.items()) or "–"
+        rows.append(
+            [a.label, f"{len(d.positions)}/{a.n}", basis, _spread(d.positions), early, _by_turn(d.turns)]
+        )
+    out = [
+        "## Where the outputs diverged",
+        "",
+        "Per arm, where each diverged session's output under load first differed from its batch-1 "
+        "reference: the position of the first differing token (or word, where a turn was compared on its "
+        "text), from 0, on the turn (from 0) where it happened; `early`: within the first "
+        "`workload.early_tokens` positions (`diverged_early`).",
+        "",
+        *_table(head, rows),
+    ]
+    if has_divergence_positions(result):
+        out += [f"![first differing position per arm]({DIVERGENCE_PLOT})", ""]
+    for a in judged:
+        if a.divergence.example:
+            out += example_lines(a.label, a.divergence.example)
+    return out
+
+
+def _code(text: str) -> str:
+    """`text` as an inline code span of its repr (whitespace visible), whatever backticks it holds."""
+    shown = repr(text)
+    ticks = "`" * (max((len(m) for m in re.findall("`+", shown)), default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{ticks}{pad}{shown}{pad}{ticks}"
+
+
+def _lines(text: str) -> list[str]:
+    """A text's lines, each cut into pieces of at most DIFF_WIDTH characters (lossless but for the line
+    breaks)."""
+    return [
+        line[i : i + DIFF_WIDTH] for line in text.split("\n") for i in range(0, max(len(line), 1), DIFF_WIDTH)
+    ]
+
+
+def example_lines(label: str, ex: DivergenceExample) -> list[str]:
+    """One diverged session of an arm: the turn, the first difference (position, both tokens) and a
+    unified diff of the two outputs around it, bounded."""
+    unit = "token" if ex.basis == "tokens" else "word"
+    ref, load = ex.reference, ex.under_load
+
+    def side(name: str, output: Any) -> str:
+        end = ex.start + len(output.excerpt)
+        return (
+            f"{name}: characters {ex.start}-{end} of {output.chars}, finish {output.finish_reason or '–'}, "
+            f"{num(output.completion_tokens)} tokens"
+        )
+
+    diff = list(
+        difflib.unified_diff(
+            _lines(ref.excerpt),
+            _lines(load.excerpt),
+            side("reference (batch 1)", ref),
+            side("under load", load),
+            lineterm="",
+        )
+    )
+    if not diff:  # the same text, told apart by its tokens only
+        diff = ["# the two texts read the same here; they differ in their tokens", *_lines(ref.excerpt)]
+    ticks = "`" * max(3, max((len(m) for line in diff for m in re.findall("`+", line)), default=0) + 1)
+    return [
+        f"Example, **{label}**: run `{ex.run_id}` (#{ex.repetition}), session `{ex.session_id}`, turn "
+        f"{ex.turn}: first difference at {unit} {ex.position} (`{ex.detector}`): reference "
+        f"{_code(ex.reference_token)}, under load {_code(ex.under_load_token)}.",
+        "",
+        f"{ticks}diff",
+        *diff,
+        ticks,
+        "",
+    ]
+
+
+# what each oracle's families mean, said for the oracle whose families the verdicts count
+FAMILY_WORDS = {
+    ("structural", "plan_drift"): "`structural`: what no healthy server emits whatever its model decides "
+    "(malformed or leaked calls, unknown tools, schema breaks, missing calls, repetition, bad UTF-8, "
+    "truncation). `plan_drift`: a well-formed call that is not the plan's next one (model quality against "
+    "a weak model). ",
+    ("diverged_early", "diverged"): "`diverged_early`: a turn under load whose output differs from its "
+    "batch-1 reference within its first `workload.early_tokens` tokens; `diverged`: one that differs "
+    "later. ",
+}
 
 
 def families_section(block: Families) -> list[str]:
@@ -426,10 +591,8 @@ def families_section(block: Families) -> list[str]:
         "## Detector families",
         "",
         f"The verdicts count {' and '.join(f'`{f}`' for f in block.counted)} findings as corruption. "
-        "`structural`: what no healthy server emits whatever its model decides (malformed or leaked "
-        "calls, unknown tools, schema breaks, missing calls, repetition, bad UTF-8, truncation). "
-        "`plan_drift`: a well-formed call that is not the plan's next one (model quality against a weak "
-        "model). Sessions with at least one finding of each family:",
+        + "".join(FAMILY_WORDS[group] for group in FAMILY_WORDS if set(group) & set(block.counted))
+        + "Sessions with at least one finding of each family:",
         "",
         *_table(head, table),
     ]
@@ -867,6 +1030,7 @@ def render_markdown(result: StudyResult, tracking_uri: str | None = None) -> str
         clusters_section(result.clusters),
         decode_load_section(result.arms),
         families_section(result.families),
+        divergence_section(result),
         throughput_section(result),
         problem_runs_section(result.problem_runs),
         deploy_section(result.deploy),
@@ -903,4 +1067,8 @@ def write_report(
             paths.append(corruption_plot(result, target / "corruption.png"))
         if any(a.throughput for a in result.arms):
             paths.append(throughput_plot(result, target / "throughput.png"))
+        if has_divergence_positions(result):
+            from orchestrator.report.plots import divergence_plot
+
+            paths.append(divergence_plot(result, target / DIVERGENCE_PLOT))
     return paths

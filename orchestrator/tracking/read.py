@@ -4,6 +4,7 @@ resume skips, and the study definition the report is rebuilt from. The layout is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -15,7 +16,15 @@ from typing import Any
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from orchestrator.analysis.runs import LevelSample, RunRecord, placement_of
+from orchestrator.analysis.runs import (
+    DIVERGENCE,
+    LevelSample,
+    RunRecord,
+    example_run,
+    identity,
+    oracle_of,
+    placement_of,
+)
 from orchestrator.config.plan import arm_conditions
 from orchestrator.config.schema import StudyConf
 from orchestrator.tracking.layout import (
@@ -34,6 +43,12 @@ from orchestrator.workload.detect import FAMILIES
 
 # artifact downloads while loading a study run in parallel: each is a small file read, mostly waiting
 LOAD_THREADS = 8
+# a stress run's artifacts the report reads of runs judged by the differential oracle
+STRESS_SUMMARY = "stress/summary.json"
+STRESS_CORRUPTED = "stress/corrupted"
+# the diverged sessions' artifacts tried for an arm's example (one without a difference, e.g. a wrong
+# answer's, is passed over)
+EXAMPLE_TRIES = 3
 
 
 # --- reading back ----------------------------------------------------------------------------------
@@ -135,9 +150,20 @@ def conditions_of(tags: Mapping[str, str]) -> dict[str, str]:
     return arm_conditions(json.loads(tags.get("conditions") or "{}"))
 
 
-def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str, Any]]) -> RunRecord:
-    """A run as the analysis reads it (pure, given what was downloaded for it)."""
+def _judged_by_divergence(run: Any) -> bool:
+    return oracle_of(conditions_of(run.data.tags)) == DIVERGENCE
+
+
+def _record(
+    run: Any,
+    bench: tuple[LevelSample, ...],
+    config: dict[str, dict[str, Any]],
+    summary: Mapping[str, Any] | None = None,
+) -> RunRecord:
+    """A run as the analysis reads it (pure, given what was downloaded for it: its bench levels, launch
+    config and, of a run judged by the differential oracle, its stress/summary.json)."""
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    summary = summary or {}
     outcomes = tags.get("outcomes", "none")
     return RunRecord(
         run_id=run.info.run_id,
@@ -167,7 +193,42 @@ def _record(run: Any, bench: tuple[LevelSample, ...], config: dict[str, dict[str
         stress_s=float(metrics["stress_duration_s"]) if "stress_duration_s" in metrics else None,
         decode_load=decode_load.from_record(metrics, tags),
         placement=placement_of(tags),
+        reference=dict(summary.get("reference") or {}),
+        divergence=dict(summary.get("divergence") or {}),
     )
+
+
+def _divergence_example(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, Any] | None:
+    """One diverged session's artifact of a run (the first by name that records a difference), or None."""
+    try:
+        listed = client.list_artifacts(run_id, STRESS_CORRUPTED)
+    except (MlflowException, OSError):
+        return None
+    for item in sorted(a.path for a in listed if not a.is_dir and a.path.endswith(".json"))[:EXAMPLE_TRIES]:
+        document = read_json_artifact(client, run_id, item, tmp)
+        if isinstance(document, dict) and isinstance(document.get("difference"), dict):
+            return document
+    return None
+
+
+def _with_examples(
+    client: MlflowClient, out: list[RunRecord], pool: ThreadPoolExecutor, tmp: Path
+) -> list[RunRecord]:
+    """`out` with one diverged session's artifact on one run per arm judged by the differential oracle
+    (`runs.example_run`): one listing and a download or two per arm, none for other studies."""
+    arms: dict[str, list[RunRecord]] = {}
+    for record in out:
+        if oracle_of(record.conditions) == DIVERGENCE:
+            arms.setdefault(identity(record), []).append(record)
+    chosen = [run for run in (example_run(group) for group in arms.values()) if run is not None]
+    found = {
+        r.run_id: pool.submit(_divergence_example, client, r.run_id, tmp / f"example-{r.run_id}")
+        for r in chosen
+    }
+    return [
+        dataclasses.replace(r, divergence_example=found[r.run_id].result()) if r.run_id in found else r
+        for r in out
+    ]
 
 
 def _has_bench(run: Any) -> bool:
@@ -176,8 +237,9 @@ def _has_bench(run: Any) -> bool:
 
 def records(client: MlflowClient, runs: list[Any], tmp: Path) -> list[RunRecord]:
     """RunRecords of `runs`, downloading only what the analysis reads: bench.json of the runs that carried
-    a throughput sweep, and launch.json once per signature (the launch is the signature's; only one
-    run's is shown). Downloads run in parallel."""
+    a throughput sweep, launch.json once per signature (the launch is the signature's; only one run's is
+    shown), and of runs judged by the differential oracle their stress/summary.json and one diverged
+    session's artifact per arm (the report's example). Downloads run in parallel."""
     first_of_signature: dict[str, Any] = {}
     for run in sorted(runs, key=lambda r: (r.info.status != "FINISHED", r.info.start_time or 0)):
         first_of_signature.setdefault(run.data.tags.get("signature", "?"), run)
@@ -191,13 +253,22 @@ def records(client: MlflowClient, runs: list[Any], tmp: Path) -> list[RunRecord]
             sig: pool.submit(_launch_config, client, r, tmp / f"launch-{r.info.run_id}")
             for sig, r in first_of_signature.items()
         }
+        summaries = {
+            r.info.run_id: pool.submit(
+                read_json_artifact, client, r.info.run_id, STRESS_SUMMARY, tmp / f"summary-{r.info.run_id}"
+            )
+            for r in runs
+            if _judged_by_divergence(r)
+        }
         out = []
         for run in runs:
             bench = benches[run.info.run_id].result() if run.info.run_id in benches else ()
             if not bench and _has_bench(run):
                 bench = _bench_from_metrics(run.data.metrics)
-            out.append(_record(run, bench, configs[run.data.tags.get("signature", "?")].result()))
-    return out
+            summary = summaries[run.info.run_id].result() if run.info.run_id in summaries else None
+            config = configs[run.data.tags.get("signature", "?")].result()
+            out.append(_record(run, bench, config, summary if isinstance(summary, dict) else None))
+        return _with_examples(client, out, pool, tmp)
 
 
 def sweep_runs(
