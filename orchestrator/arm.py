@@ -156,19 +156,23 @@ class StressThenBench:
                 # the sweep's display shows the sessions (one live display on a terminal, not two)
                 progress=None if self.progress is NO_PROGRESS else False,
             )
+
+            def server_gone() -> str | None:
+                return f"{role} is no longer running" if (role := deployment.dead_role()) else None
+
             if w.oracle == "reproducer":  # the user's own reproducer judges the sessions
                 from orchestrator.workload.reproducer import reproducer_settings, run_reproducer_sync
 
-                run_sessions, settings = run_reproducer_sync, reproducer_settings(w, **given)
+                summary = run_reproducer_sync(
+                    reproducer_settings(w, **given), server_gone=server_gone, on_outcome=self.progress.session
+                )
             else:
-                run_sessions, settings = run_stress_sync, stress_settings(w, **given)
-            summary = run_sessions(
-                settings,
-                server_gone=lambda: (
-                    f"{role} is no longer running" if (role := deployment.dead_role()) else None
-                ),
-                on_outcome=self.progress.session,
-            )
+                summary = run_stress_sync(
+                    stress_settings(w, **given),
+                    server_gone=server_gone,
+                    on_outcome=self.progress.session,
+                    on_phase=self.progress.phase,
+                )
             decode_load = monitor.stop()
         except BaseException:
             decode_load = monitor.stop()

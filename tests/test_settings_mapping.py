@@ -102,7 +102,9 @@ def test_the_arms_workload_and_bench_sections_flow_into_the_settings(compose_cfg
     )
     monkeypatch.setattr("orchestrator.arm.log_decode_load", lambda tracker, load, out_dir: None)
     monkeypatch.setattr(
-        stress, "run_stress_sync", lambda settings, server_gone=None, on_outcome=None: seen.update(s=settings)
+        stress,
+        "run_stress_sync",
+        lambda settings, server_gone=None, on_outcome=None, on_phase=None: seen.update(s=settings),
     )
     monkeypatch.setattr(bench, "run_bench_sync", lambda config, out_dir: seen.update(b=config))
 

@@ -178,7 +178,7 @@ def progress_lines(view: SweepView, now: float) -> list[str]:
         f"{clock(now - view.started)} elapsed, {estimate}"
     ]
     for arm in view.running:
-        counts = f" {_sessions(arm)}" if arm.phase != "start-up" else ""
+        counts = f" {_sessions(arm)}" if arm.phase not in ("start-up", "reference") else ""
         lines.append(f"  {_arm(arm, view)}: {arm.phase}{counts} ({clock(now - arm.started)})")
     if not view.running and len(view.done) < view.planned:
         lines.append("  the next arm is starting")

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 TERMINAL = {"terminal": True}  # `log.info(..., extra=TERMINAL)`: shown on the terminal, not only logged
 
-PHASES = ("start-up", "stress", "bench", "teardown", "done")
+# "reference": the divergence oracle's batch-1 reference pass, before the sessions under load
+PHASES = ("start-up", "reference", "stress", "bench", "teardown", "done")
 
 
 @dataclass(frozen=True)

@@ -807,6 +807,7 @@ async def _run_divergence(
     outputs: Outputs,
     server_gone: Callable[[], str | None] | None,
     prompts: Prompts,
+    on_phase: Callable[[str], None],
 ) -> None:
     """The two passes of the differential oracle on one start: every session alone (its reference), then
     all of them at the planned concurrency, each turn judged against its reference."""
@@ -821,6 +822,7 @@ async def _run_divergence(
         return await run_divergence_session(http, settings, prompts, index, taken)
 
     started = time.monotonic()
+    on_phase("reference")
     log.info("divergence: the reference pass, %d sessions one at a time", settings.sessions)
     try:
         await _StressRun(settings, None, server_gone, prompts, reference, workers=1).run()
@@ -828,6 +830,7 @@ async def _run_divergence(
         outputs.reference_s = time.monotonic() - started
         outputs.reference = reference_record(references, outputs.reference_s)
     log.info("divergence: reference pass done in %.1fs; the pass under load", outputs.reference_s)
+    on_phase("stress")
     await _StressRun(settings, outputs, server_gone, prompts, under_load).run()
 
 
@@ -857,6 +860,7 @@ async def run_stress(
     settings: StressSettings,
     server_gone: Callable[[], str | None] | None = None,
     on_outcome: Callable[[str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> StressSummary:
     """Run the workload and write the outputs under `settings.out_dir`.
 
@@ -868,7 +872,8 @@ async def run_stress(
     once, rather than each waiting out its timeout against a router that keeps retrying, and no new
     session starts (the summary is then partial: `planned` > `sessions`).
 
-    `on_outcome` hears each session's status as its line is written (an orchestrator's progress display).
+    `on_outcome` hears each session's status as its line is written (an orchestrator's progress display);
+    `on_phase` hears "reference" and then "stress" around the divergence oracle's reference pass.
     """
     progress = sys.stderr.isatty() if settings.progress is None else settings.progress
     prompts = Prompts.of(settings)
@@ -877,7 +882,7 @@ async def run_stress(
     asyncio.get_running_loop().set_exception_handler(quiet_on_interrupt)
     try:
         if settings.oracle == "divergence":
-            await _run_divergence(settings, outputs, server_gone, prompts)
+            await _run_divergence(settings, outputs, server_gone, prompts, on_phase or (lambda phase: None))
         else:
             await _StressRun(
                 settings, outputs, server_gone, prompts, _tool_call_session(settings, prompts)
@@ -905,10 +910,11 @@ def run_stress_sync(
     settings: StressSettings,
     server_gone: Callable[[], str | None] | None = None,
     on_outcome: Callable[[str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> StressSummary:
     """`run_stress` in a fresh event loop (uvloop's where installed: client.loop_factory); Ctrl-C
     writes the partial outputs, then raises KeyboardInterrupt."""
-    return run_sync(run_stress(settings, server_gone, on_outcome))
+    return run_sync(run_stress(settings, server_gone, on_outcome, on_phase))
 
 
 def format_summary(document: dict[str, Any]) -> str:

@@ -96,9 +96,12 @@ def test_the_race_on_the_sim_is_seen_as_divergence_turn_for_turn(start_sim, tmp_
     sim's own count of the turns it corrupted is exactly the sessions that diverged."""
     server = start_sim(**FAULTY)
     out = tmp_path / "run"
+    phases: list[str] = []
     summary = run_stress_sync(
-        settings(server.url, out, sessions=60, rounds=4, seed=3, oracle="divergence", early_tokens=8)
+        settings(server.url, out, sessions=60, rounds=4, seed=3, oracle="divergence", early_tokens=8),
+        on_phase=phases.append,
     )
+    assert phases == ["reference", "stress"]  # the arm's display says which pass runs
     document = json.loads((out / "summary.json").read_text())
     assert summary.errored == 0 and summary.oracle == "divergence" and summary.reference_s > 0
     assert document["reference"]["turns"] == 240 and document["reference"]["with_tokens"] == 240
