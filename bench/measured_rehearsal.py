@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report", type=Path)
     parser.add_argument("--starts", default="1,2,3,4", help="starts per arm to rehearse, comma-separated")
     parser.add_argument("--studies", type=int, default=2000)
-X
+    parser.add_argument("--icc", type=float, default=None, help="between-start ICC (default: the study's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
