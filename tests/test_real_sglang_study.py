@@ -72,12 +72,43 @@ def test_the_study_log_gives_each_start_and_the_section_shows_it():
     assert starts[1]["failed"].startswith("decode: not healthy") and starts[1]["healthy_s"] == {}
     batches = batches_by_start({"real_sglang-e1ac15514731-r0-0123456789ab.decode.log": DECODE_LOG})
     assert batches[("e1ac15514731", 0)]["capture_batches"] == 2
-    section = render_section("NVIDIA H200, 580.159.04", starts, batches, "study 300 s", "none")
+    section = render_section(starts, batches, "study 300 s", "none", snapshot="f72a77b")
+    assert "Ran from snapshot f72a77b." in section
     assert "| baseline | 0 | 20.0 | 21.1 | 18.2 | yes | 2 | 1 |  |" in section
     assert "| capture=eager | 1 | - | - | - | - | - | - | decode: not healthy within 300s |" in section
     # a start whose decode never served shows no batches, even where a later start of its arm has a log
-    again = render_section("", starts, {("0061e5b6502e", 1): batches[("e1ac15514731", 0)]}, "", "")
+    again = render_section(starts, {("0061e5b6502e", 1): batches[("e1ac15514731", 0)]}, "", "")
     assert "| capture=eager | 1 | - | - | - | - | - | - |" in again
+
+
+def test_the_device_run_appends_no_machine_to_the_report(tmp_path):
+    """The machine (GPU, driver, torch, engine) is each run's own, in its tags, and the report's Machine
+    section shows it from them, so a re-render keeps it: the device run's section says only what the
+    device run alone knows, and keeps device.txt in device_run.json."""
+    import json
+
+    from orchestrator.gpu.device_run import main
+
+    res = tmp_path / "results"
+    (res / "study").mkdir(parents=True)
+    (res / "logs").mkdir()
+    (res / "study" / "report.md").write_text("# real_sglang: verdicts\n")
+    (res / "device.txt").write_text(
+        "snapshot: f72a77b636bf\nNVIDIA H200, 580.159.04, 143771 MiB\npython 3.12.3 torch 2.11.0+cu130\n"
+    )
+    (res / "study.log").write_text(STUDY_LOG)
+    (res / "steps.txt").write_text("study 330 s (status 0)\n")
+    (res / "leftovers.txt").write_text("sglang processes: none\n")
+    (res / "logs" / "real_sglang-e1ac15514731-r0-0123456789ab.decode.log").write_text(DECODE_LOG)
+    assert main([str(res), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert text.startswith("# real_sglang: verdicts\n")
+    assert "## On the lent GPU machine" in text and "Ran from snapshot f72a77b636bf." in text
+    assert "| baseline | 0 | 20.0 | 21.1 | 18.2 | yes | 2 | 1 |  |" in text
+    assert "study 330 s (status 0)" in text and "sglang processes: none" in text
+    assert "H200" not in text and "580.159.04" not in text and "2.11.0" not in text
+    record = json.loads((tmp_path / "out" / "device_run.json").read_text())
+    assert record["device"][1] == "NVIDIA H200, 580.159.04, 143771 MiB"
 
 
 def _fields(line: str) -> list[str]:

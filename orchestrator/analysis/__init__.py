@@ -46,6 +46,10 @@ each arm's used runs ran on, the leases of a cluster pool, runs lost with their 
 ran on two or more clusters whether its rate differs between them beyond restart variation (the verdicts
 pool clusters: reported, never folded into a verdict).
 
+Machines (`machines`, from `machines.machines_block`, when some run recorded a GPU, driver, torch, CUDA or
+engine version): per server role, each machine and engine the runs ran on, with its runs; more than one
+per role is said (`differs`), never folded into a verdict.
+
 Minimal cause (`minimal_cause`, from `cause.minimal_cause` over every arm of the baseline's conditions,
 not only the hypotheses' pairs): each arm corrupting, clean or undetermined against the same ceiling,
 the smallest conjunctions of factor levels consistent with them, and what the design cannot tell.
@@ -60,6 +64,7 @@ from typing import Any
 
 from orchestrator.analysis import cause, clusters, cost, ddmin, stats
 from orchestrator.analysis.divergence import arm_divergence
+from orchestrator.analysis.machines import machines_block
 from orchestrator.analysis.result import StudyResult, from_json
 from orchestrator.analysis.runs import LevelSample, RunRecord, identity, oracle_of, run_used
 from orchestrator.analysis.states import (
@@ -829,6 +834,9 @@ def analyse(
         "clusters": clusters_block(spec, runs, between),
         "cost": gpu_time_block(spec, runs, arms, context, stopping),
     }
+    machines = machines_block(runs)
+    if machines is not None:  # left out otherwise: the embedded default's reports stay as they were
+        report["machines"] = machines
     return from_json(StudyResult, report)
 
 

@@ -725,6 +725,34 @@ class Clusters:
     balance: Balance | None
 
 
+# --- machines ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineRow:
+    """One server role on one machine and engine, and the runs that ran on it (`machines.machines_block`);
+    a field the runs did not record is null."""
+
+    role: str
+    hostname: str | None
+    gpu: str | None  # e.g. "1 x NVIDIA H200"
+    driver: str | None
+    torch: str | None
+    cuda: str | None  # the CUDA torch was built for
+    sglang: str | None  # the engine's version
+    python: str | None
+    runs: tuple[str, ...]  # run ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Machines:
+    """What the study's runs ran on, from their provenance tags (`machines.machines_block`)."""
+
+    rows: tuple[MachineRow, ...]
+    differs: Mapping[str, tuple[str, ...]]  # role -> the fields that differ between its runs
+    unrecorded: int  # runs that recorded no machine
+
+
 # --- the study ---------------------------------------------------------------------------------------
 
 
@@ -753,6 +781,9 @@ class StudyResult:
     clusters: Clusters | None
     # absent in reports written before GPU time was reported
     cost: Cost | None = ABSENT
+    # absent where no run recorded a GPU, driver, torch, CUDA or engine version (the embedded default),
+    # and in reports written before the runs' machines were reported
+    machines: Machines | None = ABSENT
 
 
 # --- the converter -----------------------------------------------------------------------------------

@@ -70,6 +70,10 @@ class RunRecord:
     # one diverged session's artifact (stress/corrupted/<session>.json), read for one run per arm
     # (`example_run`): the report's example of a divergence; None on every other run
     divergence_example: dict[str, Any] | None = None
+    # what each server role ran on, from its `provenance.<role>.*` tags (`machine_of`): role -> {key: value}
+    # for the `MACHINE_KEYS` it recorded (hostname, GPUs, driver, torch, CUDA, engine, python); {} for runs
+    # that recorded none (failed before their host checks, logged before provenance)
+    machine: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def identity(run: RunRecord) -> str:
@@ -112,3 +116,31 @@ LEASE_PREFIX = "lease."
 def placement_of(tags: Mapping[str, str]) -> dict[str, str]:
     """The tags of a run that say where it ran and its lease (what `RunRecord.placement` keeps)."""
     return {k: v for k, v in sorted(tags.items()) if k in PLACEMENT_TAGS or k.startswith(LEASE_PREFIX)}
+
+
+# the `provenance.<role>.<key>` tags that say what a role ran on (arm.host_checks, run/preflight.py
+# HostProvenance), in the report's order; a value MLflow keeps as "None" was not known
+PROVENANCE_PREFIX = "provenance."
+MACHINE_KEYS = (
+    "hostname",
+    "gpu",
+    "driver_version",
+    "torch_version",
+    "cuda_version",
+    "sglang_version",
+    "python_version",
+)
+# the keys that say a run ran on a real machine under a real engine (the embedded default, on a host
+# without torch, GPUs or sglang, records only its hostname and python): without one of them on some run,
+# the report shows no machine
+MACHINE_SIGNS = ("gpu", "driver_version", "torch_version", "cuda_version", "sglang_version")
+
+
+def machine_of(tags: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """What each role of a run ran on (`RunRecord.machine`), from its provenance tags (pure)."""
+    out: dict[str, dict[str, str]] = {}
+    for key, value in sorted(tags.items()):
+        role, _, name = key.removeprefix(PROVENANCE_PREFIX).partition(".")
+        if key.startswith(PROVENANCE_PREFIX) and name in MACHINE_KEYS and value not in ("", "None"):
+            out.setdefault(role, {})[name] = value
+    return out

@@ -1,7 +1,10 @@
 """What a study run on a lent GPU machine brings back beside its report, as a section appended to it:
-the machine (GPU, driver, torch, the engine's version), each server start (seconds to healthy per role,
-from the study's own log), the decode's captured and eager batches per start (its real log, read by
-orchestrator.run.observe), the cost of each step of the run, and what was left running afterwards.
+the snapshot it ran, each server start (seconds to healthy per role, from the study's own log), the
+decode's captured and eager batches per start (its real log, read by orchestrator.run.observe), the cost
+of each step of the run, and what was left running afterwards. The machine itself (GPU, driver, torch,
+CUDA, the engine's version) is not written here: every run records it in its tags, and the report's own
+Machine section shows it (orchestrator/analysis/machines.py), so a report rebuilt from MLflow keeps it;
+device.txt's lines are kept in device_run.json.
 
     python -m orchestrator.gpu.device_run RESULTS --out reports/real_sglang [--note TEXT ...]
 
@@ -71,17 +74,27 @@ def batches_by_start(decode_logs: Mapping[str, str]) -> dict[tuple[str, int], di
     return found
 
 
+def snapshot_of(device: str) -> str:
+    """The commit the device ran (device.txt's `snapshot: <sha>` line), or ""."""
+    return next(
+        (line.partition(":")[2].strip() for line in device.splitlines() if line.startswith("snapshot:")), ""
+    )
+
+
 def render_section(
-    device: str,
     starts: Sequence[Mapping[str, Any]],
     batches: Mapping[tuple[str, int], Mapping[str, Any]],
     steps: str,
     leftovers: str,
     notes: Sequence[str] = (),
+    snapshot: str = "",
 ) -> str:
-    """The markdown section (pure)."""
+    """The markdown section (pure). The machine is the report's own Machine section (module doc)."""
     out = ["", "## On the lent GPU machine", ""]
-    out += [f"- {line}" for line in device.strip().splitlines() if line.strip()]
+    out += [
+        (f"Ran from snapshot {snapshot}. " if snapshot else "")
+        + "The machine (GPU, driver, torch, CUDA, engine) is in the report's Machine section, from the runs."
+    ]
     out += ["", *notes] if notes else []
     out += [
         "",
@@ -161,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = {p.name: p.read_text(errors="replace") for p in sorted((res / "logs").glob("*.decode.log"))}
     batches = batches_by_start(logs)
     section = render_section(
-        read("device.txt"), starts, batches, read("steps.txt"), read("leftovers.txt"), args.note
+        starts, batches, read("steps.txt"), read("leftovers.txt"), args.note, snapshot_of(read("device.txt"))
     )
     report = args.out / "report.md"
     report.write_text((report.read_text() if report.exists() else "") + section)

@@ -1,5 +1,8 @@
 """The GPU decode's own evidence beside a study's report: per-bucket counters per start, start-to-start
-variation, the step alone (probe), provenance.
+variation, the step alone (probe), the snapshot it ran and its timing. The machine (GPU, driver, torch,
+CUDA, engine) is not repeated here: every run records it in its tags and the report's own Machine section
+shows it (orchestrator/analysis/machines.py), so a report rebuilt from MLflow keeps it; gpu_buckets.json
+keeps device.txt and timing.txt as they came.
 
     python -m orchestrator.gpu.report RESULTS --out reports/gpu_race [--gpu-minutes M] [--command C]
         [--note TEXT ...]
@@ -128,13 +131,21 @@ def _pct(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}%" if n else "-"
 
 
+def device_run_lines(device: str, timing: str) -> str:
+    """What the section says of the device run itself: the snapshot it ran (device.txt's `snapshot:` line)
+    and its timing (timing.txt); device.txt's machine lines are the runs' own (module doc)."""
+    lines = [line for line in device.splitlines() if line.startswith("snapshot:")]
+    return "\n".join([*lines, *timing.strip().splitlines()])
+
+
 def render_section(
     rows: Sequence[Mapping[str, Any]],
     var: Mapping[str, Any],
     probe: Sequence[Mapping[str, Any]],
-    device: str,
+    run: str,
     notes: Mapping[str, Any],
 ) -> str:
+    """The markdown section (pure); `run`: the device run's snapshot and timing (`device_run_lines`)."""
     buckets = bucket_labels(rows)
     out = ["", "## GPU decode: what the device did (orchestrator/gpu)", ""]
     out += [
@@ -144,12 +155,9 @@ def render_section(
         "request whose row disagreed had its tool call corrupted from that token on. No probability table: "
         "the counts below are the GPU's.",
         "",
-        "**Provenance**",
+        "The machine (GPU, driver, torch, CUDA, engine) is in the report's Machine section, from the runs.",
         "",
-        "```",
-        device.strip(),
-        "```",
-        "",
+        *(["**The device run**", "", "```", run.strip(), "```", ""] if run.strip() else []),
         "### Mismatching decode steps per batch bucket, per arm and start",
         "",
         "Each cell: steps whose indexer disagreed with the reference / steps run in that bucket "
@@ -282,9 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe = (
         probe_summary(json.loads((res / "probe.json").read_text())) if (res / "probe.json").exists() else []
     )
-    device = "\n".join(
-        (res / name).read_text().strip() for name in ("device.txt", "timing.txt") if (res / name).exists()
-    )
+
+    def read(name: str) -> str:
+        return (res / name).read_text() if (res / name).exists() else ""
+
+    device = "\n".join(text for name in ("device.txt", "timing.txt") if (text := read(name).strip()))
     notes: dict[str, Any] = {}
     if args.gpu_minutes:
         notes["GPU minutes used"] = args.gpu_minutes
@@ -298,7 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in (res / "study").iterdir():
         if f.is_file():
             shutil.copy2(f, args.out / f.name)
-    section = render_section(rows, var, probe, device, notes)
+    section = render_section(
+        rows, var, probe, device_run_lines(read("device.txt"), read("timing.txt")), notes
+    )
     with (args.out / "report.md").open("a") as fh:
         fh.write(section)
     (args.out / "gpu_buckets.json").write_text(

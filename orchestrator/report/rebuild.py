@@ -4,12 +4,13 @@ records the analysis reads, and `analysis.analyse` writes the report anew.
 
     python -m orchestrator.report --from-report OLD/report.json --out DIR
 
-What a report.json keeps of a run is its counts, status and reason; of an arm, its config, facts and the
-throughput per level of its benched run. So the rebuild is exact for everything the verdicts read (the
-counts per run, the pooling, the arm states, the hypotheses, the minimal cause, a divergence study's
-positions, reference pass and example) and approximate for the throughput's per-request spread (each
-level's medians stand for its requests). A section appended to the old report.md by another tool (the
-GPU section of orchestrator/gpu/report.py: `## GPU decode`) is kept.
+What a report.json keeps of a run is its counts, status and reason, and the machine it ran on; of an
+arm, its config, facts and the throughput per level of its benched run. So the rebuild is exact for
+everything the verdicts read (the counts per run, the pooling, the arm states, the hypotheses, the minimal
+cause, a divergence study's positions, reference pass and example) and for the machines, and approximate
+for the throughput's per-request spread (each level's medians stand for its requests). A section
+appended to the old report.md by another tool (the GPU section of orchestrator/gpu/report.py:
+`## GPU decode`) is kept.
 
 Pure but for `rebuild`, which reads and writes files.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis import LevelSample, RunRecord, StudySpec
+from orchestrator.analysis.machines import FIELDS
 from orchestrator.analysis.result import StudyResult
 from orchestrator.config.plan import arm_conditions
 from orchestrator.study.designs import analyse_study
@@ -99,9 +101,20 @@ def _divergence(arm: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _machines(report: Mapping[str, Any]) -> dict[str, dict[str, dict[str, str]]]:
+    """run id -> its RunRecord.machine, from the report's `machines` block (absent: {})."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for row in (report.get("machines") or {}).get("rows", []):
+        found = {key: row[field] for key, field in FIELDS.items() if row[field] is not None}
+        for run_id in row["runs"]:
+            out.setdefault(run_id, {})[row["role"]] = found
+    return out
+
+
 def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
     """The runs a report.json lists, as the analysis reads runs (module doc for what is approximate)."""
     records = []
+    machines = _machines(report)
     for arm in report["arms"]:
         finished = [r for r in arm["runs"] if r["status"] == "FINISHED"]
         benched = finished[0]["run_id"] if finished and arm.get("throughput") else None
@@ -128,6 +141,7 @@ def records_from_report(report: Mapping[str, Any]) -> list[RunRecord]:
                     conditions=arm_conditions(arm.get("conditions") or {}),
                     wall_s=run.get("wall_s"),
                     stress_s=run.get("stress_s"),
+                    machine=machines.get(run["run_id"], {}),
                     **divergence.get(run["run_id"], {}),
                 )
             )

@@ -3,7 +3,7 @@
 `render_markdown(result)` turns the typed result that `analysis.analyse` returns (`analysis.result`) into a
 report that reads like a resolved bug report: the headline verdict, the hypothesis table, the minimal
 cause, the arm table, where the arms ran (clusters), the throughput table, the failed and partial runs,
-the configuration to deploy and the commands that reproduce it.
+the configuration to deploy, the machines the runs ran on and the commands that reproduce it.
 The pipeline from MLflow (`report.pipeline.build_report`, used at the end of a multirun and by this package's
 CLI) lets the report be rebuilt from the tracking store alone:
 
@@ -39,6 +39,8 @@ from orchestrator.analysis.result import (
     Deploy,
     DivergenceExample,
     Families,
+    MachineRow,
+    Machines,
     MinimalCause,
     ProblemRun,
     RatioLevel,
@@ -703,6 +705,69 @@ def gpu_time_section(block: Cost | None) -> list[str]:
     ]
 
 
+# report.json's machine fields -> the Machine table's columns
+MACHINE_COLUMNS = {
+    "hostname": "host",
+    "gpu": "GPU",
+    "driver": "driver",
+    "torch": "torch",
+    "cuda": "CUDA",
+    "sglang": "engine",
+    "python": "python",
+}
+
+
+def machine_section(block: Machines | None, arms: Sequence[Arm]) -> list[str]:
+    """What the runs ran on (report.json: `machines`, from their provenance tags): one row per role and
+    machine, with its runs; runs that ran on different machines or engines said first."""
+    if not block:
+        return []
+    label = {run.run_id: f"{a.label} #{run.repetition}" for a in arms for run in a.runs}
+    per_role: dict[str, int] = {}
+    for row in block.rows:
+        per_role[row.role] = per_role.get(row.role, 0) + len(row.runs)
+    if block.differs:
+        # in the table's order, not the mapping's: report.json keeps its keys sorted
+        roles = [r for r in dict.fromkeys(row.role for row in block.rows) if r in block.differs]
+        what = "; ".join(
+            f"{role}: {', '.join(MACHINE_COLUMNS[f] for f in MACHINE_COLUMNS if f in block.differs[role])}"
+            for role in roles
+        )
+        sentence = (
+            f"**The runs did not all run on the same machine and engine** ({what} differ between runs): a "
+            "difference between arms may be the machine's or the engine's, not the factor's."
+        )
+    else:
+        sentence = "Every run of a role ran on the same machine and engine."
+    if block.unrecorded:
+        sentence += f" {block.unrecorded} run(s) recorded no machine (stopped before their host checks)."
+
+    def runs(row: MachineRow) -> str:
+        if len(row.runs) == per_role[row.role]:
+            return f"all {len(row.runs)}"
+        return f"{len(row.runs)}: " + ", ".join(label.get(run_id, run_id) for run_id in row.runs)
+
+    rows = [
+        [
+            row.role,
+            *(
+                "–" if (v := getattr(row, f)) is None else f"sglang {v}" if f == "sglang" else v
+                for f in MACHINE_COLUMNS
+            ),
+            runs(row),
+        ]
+        for row in block.rows
+    ]
+    return [
+        "## Machine",
+        "",
+        "What each server ran on, as the runs recorded it (`provenance.<role>.*`; –: not recorded). "
+        + sentence,
+        "",
+        *_table(["role", *MACHINE_COLUMNS.values(), "runs"], rows),
+    ]
+
+
 def _utc(text: str | None) -> str:
     """An ISO-8601 lease time as `2026-12-01 22:06:18 UTC` (the tag keeps the microseconds)."""
     if not text:
@@ -1035,6 +1100,7 @@ def render_markdown(result: StudyResult, tracking_uri: str | None = None) -> str
         problem_runs_section(result.problem_runs),
         deploy_section(result.deploy),
         gpu_time_section(result.cost),
+        machine_section(result.machines, result.arms),
         reproduce_section(result, tracking_uri),
     ]
     return "\n".join(line for section in sections for line in section)

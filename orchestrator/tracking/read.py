@@ -22,6 +22,7 @@ from orchestrator.analysis.runs import (
     RunRecord,
     example_run,
     identity,
+    machine_of,
     oracle_of,
     placement_of,
 )
@@ -193,6 +194,7 @@ def _record(
         stress_s=float(metrics["stress_duration_s"]) if "stress_duration_s" in metrics else None,
         decode_load=decode_load.from_record(metrics, tags),
         placement=placement_of(tags),
+        machine=machine_of(tags),
         reference=dict(summary.get("reference") or {}),
         divergence=dict(summary.get("divergence") or {}),
     )
