@@ -121,6 +121,8 @@ prepare() {
   # mooncake in a part of its own: with the orchestrator's site and the snapshot, c3 outgrew one call
   cp "$WHEELS/parts/mc.tgz" "$RUN/c4/"
   cp "$WHEELS"/parts/site.tgz.part0[2-9] "$WHEELS/parts/tiny.tgz" "$WHEELS/site-gpu.tar.xz" "$RUN/c3/"
+  # the orchestrator's dependencies newer than the shared wheel list (httptools: workload/http1.py)
+  python3 -m pip download -q --no-deps "${PLATFORM[@]}" -d "$RUN/c3" httptools==0.9.0
   snap "$commit"
   cat "$STEPS"
 }
@@ -186,7 +188,8 @@ device() {
   stage "$(cd "$ROOT/.." && pwd)" >/dev/null # this call's part (c3), beside the tree
   step unpack_sglang sh -c "cat $RS/parts/site.tgz.part* | tar -xzf - -C $RS/site"
   step unpack_rest sh -c "tar -xzf $RS/parts/mc.tgz -C $RS/mc && tar -xzf $RS/parts/tiny.tgz -C $RS \
-    && tar -C /tmp -xJf $RS/parts/site-gpu.tar.xz"
+    && tar -C /tmp -xJf $RS/parts/site-gpu.tar.xz \
+    && for w in $RS/parts/*.whl; do python3 -m zipfile -e \$w /tmp/site-gpu; done"
   # the servers' interpreter: the machine's python3 and torch, sglang's site ahead of its own packages
   printf '#!/bin/sh\nPYTHONPATH=%s/site:%s/mc exec python3 "$@"\n' "$RS" "$RS" >"$RS/python"
   chmod +x "$RS/python"

@@ -9,6 +9,8 @@ import random
 import re
 from pathlib import Path
 
+import pytest
+
 from orchestrator.gpu.device_run import batches_by_start, render_section, starts_from_study_log
 from orchestrator.run.observe import parse_decode_log
 from orchestrator.sim import engine as engine_module
@@ -128,24 +130,30 @@ def test_the_sims_pd_decode_line_has_the_real_ones_fields_in_their_order(caplog)
     assert parse_decode_log(sim).capture_batches == 1
 
 
-def test_the_committed_report_is_what_its_own_mlflow_store_gives(tmp_path, monkeypatch):
-    """reports/real_sglang keeps the H200 run's MLflow store beside the report; rebuilt here, the way its
-    report.md says, it gives the committed report.json to the byte."""
+# the lent-GPU studies that keep their MLflow store beside the report: study -> its sweeps pooled
+STORED = {"real_sglang": False, "real_determinism": True}
+
+
+@pytest.mark.parametrize(("study", "pool_sweeps"), sorted(STORED.items()))
+def test_the_committed_report_is_what_its_own_mlflow_store_gives(tmp_path, monkeypatch, study, pool_sweeps):
+    """reports/real_sglang (the H200) and reports/real_determinism (an H100, three device calls' stores
+    merged) keep the run's MLflow store beside the report; rebuilt here, the way its report.md says, it
+    gives the committed report.json to the byte."""
     import json
     import shutil
     import tarfile
 
     from orchestrator.report.pipeline import build_report
 
-    committed = Path(__file__).parent.parent / "reports" / "real_sglang"
-    store = tmp_path / "reports" / "real_sglang"
+    committed = Path(__file__).parent.parent / "reports" / study
+    store = tmp_path / "reports" / study
     store.mkdir(parents=True)
     shutil.copy(committed / "mlruns.db", store)
     with tarfile.open(committed / "mlruns-artifacts.tgz") as tar:
         tar.extractall(store, filter="data")
     monkeypatch.chdir(tmp_path)
-    build_report("sqlite:///reports/real_sglang/mlruns.db", "real_sglang", tmp_path / "out", plots=False)
-    rebuilt = json.loads((tmp_path / "out" / "real_sglang" / "report.json").read_text())
+    build_report(f"sqlite:///reports/{study}/mlruns.db", study, tmp_path / "out", False, pool_sweeps)
+    rebuilt = json.loads((tmp_path / "out" / study / "report.json").read_text())
     assert rebuilt == json.loads((committed / "report.json").read_text())
 
 

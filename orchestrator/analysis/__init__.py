@@ -66,7 +66,7 @@ from orchestrator.analysis import cause, clusters, cost, ddmin, stats
 from orchestrator.analysis.divergence import arm_divergence
 from orchestrator.analysis.machines import machines_block
 from orchestrator.analysis.result import StudyResult, from_json
-from orchestrator.analysis.runs import LevelSample, RunRecord, identity, oracle_of, run_used
+from orchestrator.analysis.runs import LevelSample, RunRecord, identity, oracle_of, run_used, symptom_of
 from orchestrator.analysis.states import (
     ArmState,
     StatePolicy,
@@ -629,7 +629,7 @@ def headline(
     base = find_arm(arms, spec.baseline, conditions=conditions)
     if base is None or not base["n"]:
         return "No verdict: the baseline arm has no sessions with an outcome."
-    oracle = oracle_of(base["conditions"])
+    oracle = symptom_of(base["conditions"])
     base_txt = f"baseline {oracle_phrase(oracle, base['corrupted'], base['n'], format(base['rate'], '.1%'))}"
     implicated = [h for h in hyps if h["verdict"] == "implicated"]
     if base["corrupted"] == 0:
@@ -654,6 +654,15 @@ ORACLE_WORDS = {
     "reproducer": (
         "judged corrupted by your reproducer in {k}/{n} sessions",
         "was never judged corrupted by your reproducer",
+    ),
+    # the same where a prompts file's expected answers count too: a missed answer is not a divergence
+    "tool_calls+answers": (
+        "corruption (a broken tool call or a missed expected answer) {k}/{n}",
+        "showed no corruption and missed no expected answer",
+    ),
+    "divergence+answers": (
+        "diverged from its batch-1 reference or missed an expected answer in {k}/{n} sessions",
+        "never diverged from its batch-1 reference nor missed an expected answer",
     ),
 }
 

@@ -101,6 +101,13 @@ def oracle_of(conditions: Mapping[str, str]) -> str:
     return conditions.get(ORACLE_CONDITION, DEFAULT_ORACLE)
 
 
+def symptom_of(conditions: Mapping[str, str]) -> str:
+    """What a corrupted session of these conditions is: the oracle, "+answers" where the families it
+    counted include a missed expected answer (a prompts file's `expected`) beside the oracle's own."""
+    counted = conditions.get("workload.count", "").split(",")
+    return oracle_of(conditions) + ("+answers" if "wrong_answer" in counted else "")
+
+
 def example_run(runs: Sequence[RunRecord]) -> RunRecord | None:
     """The run whose diverged session an arm shows as its example: the first pooled run (by repetition,
     then id) with a diverged session; None when the arm has none."""

@@ -49,7 +49,7 @@ from orchestrator.analysis.result import (
     Trial,
     to_json,
 )
-from orchestrator.analysis.runs import oracle_of
+from orchestrator.analysis.runs import symptom_of
 from orchestrator.config.shell import command_line
 from orchestrator.workload.decode_load import SHORT_FRACTION
 
@@ -443,7 +443,7 @@ def reference_pass_lines(arms: Sequence[Arm]) -> list[str]:
             cost += f" ({pct(d.reference_s / d.stress_s, 0)} of their stress phase)"
         if d.reference_errored:
             cost += f", {d.reference_errored} of its {d.reference_sessions} reference sessions errored"
-        out.append(f"- **{a.label}** {oracle_phrase(oracle_of(a.conditions), a.corrupted, a.n)}; {cost}.")
+        out.append(f"- **{a.label}** {oracle_phrase(symptom_of(a.conditions), a.corrupted, a.n)}; {cost}.")
     return [*out, ""]
 
 
