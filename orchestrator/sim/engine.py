@@ -290,6 +290,8 @@ class DecodeEngine:
         self.graph_enabled = decode_graphs_enabled(args)
         self.max_graph_bs = decode_graph_max_bs(args)
         self.multi_stream = bool(config.env.get("SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", True))
+        # batch-invariant kernels: no batch variance (_variance_probability), slower steps
+        self.deterministic = bool(args.get("enable_deterministic_inference"))
         self.stream_interval = max(1, int(args.get("stream_interval") or 1))
         # once per server start: where this start's rate lies for each rule with restart_icc
         self.restart_quantiles = draw_restart_quantiles(model.rules, rng)
@@ -355,7 +357,7 @@ class DecodeEngine:
             for request in admitted:
                 self._admit(request, self.modelled_load(request.session_round))
             captured = self.graph_enabled and batch <= self.max_graph_bs
-            step = self.model.throughput.step_s(batch, captured, self.multi_stream)
+            step = self.model.throughput.step_s(batch, captured, self.multi_stream, self.deterministic)
             # absolute deadlines: sleep overshoot does not accumulate, but never catch up more than a step
             now = loop.time()
             clock = max(clock, now - step * self.scale) + step * self.scale
@@ -449,7 +451,7 @@ class DecodeEngine:
 
     def _variance_probability(self, request: DecodeRequest, batch: int) -> float:
         variance = self.model.batch_variance
-        if variance is None or self.config.args.get("enable_deterministic_inference"):
+        if variance is None or self.deterministic:
             return 0.0  # none modelled, or batch-invariant kernels on the decode that generates
         p = variance.probability(batch)
         quantile = self.restart_quantiles.get(BATCH_VARIANCE)

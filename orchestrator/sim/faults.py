@@ -52,6 +52,7 @@ THROUGHPUT_KEYS = (
     "graph_step_ms",
     "eager_step_ms",
     "multi_stream_overhead",
+    "deterministic_overhead",
     "prefill_base_ms",
     "prefill_per_token_ms",
     "startup_s",
@@ -234,14 +235,16 @@ class ThroughputModel:
     prefill_base_ms: float
     prefill_per_token_ms: float
     startup_s: float  # load + capture before /health turns 200 (modelled seconds)
+    # fraction added to every decode step on a decode with --enable-deterministic-inference
+    deterministic_overhead: float = 0.0
 
-    def step_s(self, batch: int, captured: bool, multi_stream: bool) -> float:
+    def step_s(self, batch: int, captured: bool, multi_stream: bool, deterministic: bool = False) -> float:
         """Modelled seconds of one decode step that advances `batch` requests by one token."""
         if captured:
             ms = self.graph_step(batch) * (1.0 + (self.multi_stream_overhead if multi_stream else 0.0))
         else:
             ms = self.eager_step(batch)
-        return ms / 1000.0
+        return ms * (1.0 + (self.deterministic_overhead if deterministic else 0.0)) / 1000.0
 
     def prefill_s(self, tokens: int) -> float:
         return (self.prefill_base_ms + self.prefill_per_token_ms * tokens) / 1000.0
@@ -465,7 +468,13 @@ def _throughput(data: Any, fail, source: str) -> ThroughputModel:
             ):
                 raise fail(f"throughput.{key}[{i}]", f"step time must be > 0 ms, got {point[1]!r}")
     scalars = {}
-    for key in ("multi_stream_overhead", "prefill_base_ms", "prefill_per_token_ms", "startup_s"):
+    for key in (
+        "multi_stream_overhead",
+        "deterministic_overhead",
+        "prefill_base_ms",
+        "prefill_per_token_ms",
+        "startup_s",
+    ):
         value = merged[key]
         if (
             isinstance(value, bool)

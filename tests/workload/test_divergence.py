@@ -169,3 +169,25 @@ def test_the_example_prompts_pass_both_oracles_on_a_healthy_sim(sim_server, tmp_
         assert (run.clean, run.corrupted, run.errored) == (sessions, 0, 0), (oracle, run)
     turns = sum(len(replay_turns(c)) for c in load_prompts(prompts))
     assert json.loads((tmp_path / "divergence" / "summary.json").read_text())["reference"]["turns"] == turns
+
+
+def test_deterministic_inference_on_the_sim_removes_batch_variance_and_slows_the_steps():
+    """What real sglang 0.5.17 did with --enable-deterministic-inference (reports/real_determinism): the
+    simulator's decode with the flag has no benign flips and steps 1 + deterministic_overhead slower."""
+    from orchestrator.sim.args import parse_args
+    from orchestrator.sim.engine import DecodeEngine, DecodeRequest, SimCounters
+    from orchestrator.sim.faults import RoleConfig, load_fault_model
+
+    model = validate_fault_model({"batch_variance": {"probability": [[1, 0.0], [2, 1.0]]}})
+    throughput = load_fault_model().throughput
+    assert throughput.step_s(16, True, False, True) == pytest.approx(
+        throughput.step_s(16, True, False) * 1.19
+    )
+    for flags, flipped in (([], 1), (["--enable-deterministic-inference"], 0)):
+        args = vars(parse_args(["--model-path", "m", *flags]))
+        engine = DecodeEngine(model, RoleConfig("decode", {}, args), 0.0, SimCounters(), random.Random(0))
+        request = DecodeRequest(
+            "r", agent.Reply(content="a b c"), agent.tokenize("a b c"), None, 3, RoleConfig("prefill", {}, {})
+        )
+        engine._admit(request, 8)
+        assert engine.counters.benign_flips == flipped
