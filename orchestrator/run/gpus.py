@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.remote.base import Transport
+from orchestrator.remote.base import CommandResult, Transport
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +124,19 @@ def busy(state: HostGpus, use: set[int] | None, idle_mib: int) -> list[str]:
     return out
 
 
+def run_smi(t: Transport, arguments: str, nvidia_smi: str = "nvidia-smi") -> CommandResult | None:
+    """`nvidia-smi ARGUMENTS` on a host (the arguments are shell words of ours), None where it has none."""
+    smi = shlex.quote(nvidia_smi)
+    result = t.run_shell(
+        f"command -v {smi} >/dev/null 2>&1 || {{ echo {_NO_SMI}; exit 0; }}; {smi} {arguments}", 60.0
+    )
+    return None if result.stdout.strip() == _NO_SMI else result
+
+
 def query(t: Transport, nvidia_smi: str = "nvidia-smi") -> HostGpus | None:
     """One host's GPUs and compute processes (None: no nvidia-smi there)."""
-    smi = shlex.quote(nvidia_smi)
-    line = (
-        f"command -v {smi} >/dev/null 2>&1 || {{ echo {_NO_SMI}; exit 0; }}; "
-        f"{smi} {GPU_QUERY} && echo {_SPLIT} && {smi} {APP_QUERY}"
-    )
-    result = t.run_shell(line, timeout=60.0)
-    if result.stdout.strip() == _NO_SMI:
+    result = run_smi(t, f"{GPU_QUERY} && echo {_SPLIT} && {shlex.quote(nvidia_smi)} {APP_QUERY}", nvidia_smi)
+    if result is None:
         return None
     if result.returncode != 0 or _SPLIT not in result.stdout:
         raise GpusBusy(

@@ -28,7 +28,6 @@ import dataclasses
 import inspect
 import json
 import logging
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -41,12 +40,12 @@ from orchestrator.config.redact import redact_text
 from orchestrator.config.schema import SERVER_ROLES
 from orchestrator.remote.base import CommandResult, Transport, TransportError
 from orchestrator.run import engine_probe
+from orchestrator.run.gpus import run_smi
 
 log = logging.getLogger(__name__)
 
 # ServerArgs.add_cli_args(parser) fills a parser with every `sglang.launch_server` flag
 SGLANG_PARSER = "sglang.srt.server_args:ServerArgs.add_cli_args"
-_NO_SMI = "__heisenhunt_no_nvidia_smi__"
 
 
 class PreflightError(RuntimeError):
@@ -132,13 +131,8 @@ def parse_gpu_memory(text: str) -> list[int]:
 
 def gpu_memory_used(t: Transport, nvidia_smi: str = "nvidia-smi") -> list[int] | None:
     """MiB of memory used on each GPU of the host, or None where there is no nvidia-smi."""
-    smi = shlex.quote(nvidia_smi)
-    line = (
-        f"command -v {smi} >/dev/null 2>&1 || {{ echo {_NO_SMI}; exit 0; }}; "
-        f"{smi} --query-gpu=memory.used --format=csv,noheader,nounits"
-    )
-    result = t.run_shell(line, timeout=60.0)
-    if result.stdout.strip() == _NO_SMI:
+    result = run_smi(t, "--query-gpu=memory.used --format=csv,noheader,nounits", nvidia_smi)
+    if result is None:
         log.info("%s: no nvidia-smi, GPU memory not checked", t.host)
         return None
     if result.returncode != 0:
