@@ -27,6 +27,12 @@ Interruption (Ctrl-C, or the caller cancelling the task): sessions still in flig
 (no JSONL line: they have no outcome), `summary.json` is written with `planned` > `sessions`
 (`partial`), and the cancellation propagates (KeyboardInterrupt from `run_stress_sync`).
 
+Other oracles and prompts (docs/symptoms.md): `oracle="divergence"` runs every session alone first (the
+batch-1 reference pass, `reference_session`) and then all of them under load, each turn the very request
+of its reference turn, judged by divergence.py (`run_divergence_session`); `prompts` replays a JSONL file's
+conversations (prompts.py) instead of the built-in tasks, under either oracle (`run_replayed_session` for
+the tool-call one).
+
 At most `concurrency` sessions run at once (default: all); one HTTP connection pool serves them all.
 From code: `run_stress_sync(StressSettings(url=..., out_dir=..., sessions=60, rounds=4))`.
 Standalone: `python -m orchestrator.workload.stress --url URL --sessions 60 --rounds 4 --out DIR`.
