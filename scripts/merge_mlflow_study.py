@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sources", nargs="+", help="tracking URIs to copy from")
     args = parser.parse_args(argv)
     dst = MlflowClient(args.into)
+    artifacts = str(Path(args.artifacts).resolve())
     for uri in args.sources:
-        print(f"{uri}: {copy_study(MlflowClient(uri), dst, args.study, str(Path(args.artifacts).resolve()))} runs")
+        print(f"{uri}: {copy_study(MlflowClient(uri), dst, args.study, artifacts)} runs")
     return 0
 
 

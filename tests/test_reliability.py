@@ -549,7 +549,10 @@ BAD_INPUTS = {
     ),
     "hypothesis with an unknown factor": BadInput(
         ("+experiment=unknown_factor", "{searchpath}"),
-        ("study.hypotheses[0] (H-x).factor: unknown factor 'nosuch'", "accepted: ['capture', 'hicache'"),
+        (
+            "study.hypotheses[0] (H-x).factor: unknown factor 'nosuch'",
+            "accepted: ['capture', 'determinism', 'hicache'",
+        ),
     ),
     "hypothesis with an unknown level": BadInput(
         ("study.hypotheses.0.treatment=maybe",),
