@@ -18,8 +18,8 @@ from orchestrator.report.pipeline import StudyCallback, build_report
 from orchestrator.report.render import render_markdown
 from orchestrator.run.preflight import HostProvenance
 from orchestrator.tracking.write import ArmTracker
-from orchestrator.workload.results import SessionOutcome, StressSummary
 from tests.conftest import job_and_plan
+from tests.test_report import _stress
 
 ROW = "1 x NVIDIA H200 | 580.159.04 | 2.11.0+cu130 | 13.0 | sglang 0.5.17 | 3.12.3"
 H200 = {
@@ -30,17 +30,6 @@ H200 = {
 }
 H100 = {**H200, "gpu": "1 x NVIDIA H100 80GB HBM3", "driver_version": "570.86.15"}
 HEAD = "| role | host | GPU | driver | torch | CUDA | engine | python | runs |"
-
-
-def _stress(out: Path, corrupted: int, clean: int) -> StressSummary:
-    out.mkdir(parents=True, exist_ok=True)
-    rows = [
-        SessionOutcome(f"s{i}", "corrupted" if i < corrupted else "clean", 4, 4).to_dict()
-        for i in range(corrupted + clean)
-    ]
-    (out / "sessions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    total = corrupted + clean
-    return StressSummary(sessions=total, clean=clean, corrupted=corrupted, errored=0, planned=total)
 
 
 def _provenance(hostname: str, sglang: str | None, **machine: str | None) -> dict:

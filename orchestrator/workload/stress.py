@@ -67,6 +67,7 @@ from orchestrator.workload.detect import (
 from orchestrator.workload.fill import fill
 from orchestrator.workload.prompts import (
     Conversation,
+    ReplayTurn,
     answer_finding,
     load_prompts,
     replay_turns,
@@ -416,9 +417,8 @@ class Prompts:
         return session_conversation(self.conversations, self.settings.seed, index)
 
     def session_id(self, index: int) -> str:
-        if self.conversations is None:
-            return make_task(self.settings.seed, index, self.settings.rounds).task_id
-        return session_id(self.session(index), self.settings.seed, index)  # type: ignore[arg-type]
+        source = self.session(index)
+        return source.task_id if isinstance(source, Task) else session_id(source, self.settings.seed, index)
 
     def turns(self, index: int) -> int:
         source = self.session(index)
@@ -431,11 +431,16 @@ def tool_schemas(tools: Any) -> dict[str, Any]:
 
 
 def replayed_body(
-    settings: StressSettings, conversation: Conversation, sid: str, r: int, turns: int, **extra: Any
+    settings: StressSettings,
+    conversation: Conversation,
+    turn: ReplayTurn,
+    sid: str,
+    r: int,
+    turns: int,
+    **extra: Any,
 ) -> bytes:
-    """The request of turn `r` of a replayed conversation (prompts.replay_turns: the file's messages, the
-    same in every pass); the `user` field says which session and turn (tasks.session_tag)."""
-    turn = replay_turns(conversation)[r]
+    """The request of turn `r` of a replayed conversation, `turn` (prompts.replay_turns: the file's
+    messages, the same in every pass); the `user` field says which session and turn (tasks.session_tag)."""
     tools = list(conversation.tools) if conversation.tools else None
     payload = chat_payload(
         settings.model,
@@ -477,7 +482,7 @@ async def run_replayed_session(
     outcome = session_outcome(sid, len(turns))
     schemas = tool_schemas(conversation.tools) if conversation.tools else {}
     for r, replay in enumerate(turns):
-        body = replayed_body(settings, conversation, sid, r, len(turns))
+        body = replayed_body(settings, conversation, replay, sid, r, len(turns))
         try:
             turn = await stream_body(http, settings.url, body, timeout=settings.timeout_s)
         except RequestError as e:
@@ -535,6 +540,7 @@ async def reference_session(http: Any, settings: StressSettings, prompts: Prompt
     reference = Reference([], [])
     turns = prompts.turns(index)
     messages = initial_messages(source) if isinstance(source, Task) else []
+    replays = replay_turns(source) if isinstance(source, Conversation) else ()
     for r in range(turns):
         if isinstance(source, Task):
             expected = source.expected(r)
@@ -550,7 +556,7 @@ async def reference_session(http: Any, settings: StressSettings, prompts: Prompt
             )
             body = dumps(payload)
         else:
-            body = replayed_body(settings, source, sid, r, turns, **extra)
+            body = replayed_body(settings, source, replays[r], sid, r, turns, **extra)
         try:
             turn = await stream_body(http, settings.url, body, timeout=settings.timeout_s)
         except RequestError as e:
