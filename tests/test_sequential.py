@@ -174,3 +174,90 @@ def test_the_closed_testing_means_are_every_prefix_s_log_mean_exp_without_overfl
     )
     assert closed["a"].reduction == pytest.approx(math.log((math.exp(10.0) + 2) / 3), abs=1e-4)
     assert closed["b"].reduction == pytest.approx(0.0, abs=1e-4)
+
+
+def _beta_binomial(rng: np.random.Generator, p: float, icc: float, n: int, shape) -> np.ndarray:
+    if icc <= 0:
+        return rng.binomial(n, p, shape)
+    scale = (1 - icc) / icc
+    return rng.binomial(n, rng.beta(p * scale, (1 - p) * scale, shape))
+
+
+@pytest.mark.parametrize(("rate", "icc"), [(0.03, 0.0), (0.2, 0.0), (0.05, 0.02), (0.15, 0.1)])
+def test_the_paired_reduction_crosses_under_no_effect_less_often_than_alpha_over_ten_looks(rate, icc):
+    """Both arms at the same rate, starts varying by the restart ICC (the e-value judged at that ICC),
+    looked at after every round for ten rounds: the share of studies whose reduction e-value ever reaches
+    1/alpha stays under alpha (Ville's inequality, here through the effective-count approximation)."""
+    rng = np.random.default_rng(17)
+    studies, rounds, n = 600, 10, 60
+    base = _beta_binomial(rng, rate, icc, n, (studies, rounds))
+    treat = _beta_binomial(rng, rate, icc, n, (studies, rounds))
+    crossed = 0
+    for b, t in zip(base, treat, strict=True):
+        pairs = []
+        for r in range(rounds):
+            pairs.append(((int(b[r]), n), (int(t[r]), n)))
+            if sequential.paired_reduction(pairs, icc, 0.5) >= math.log(20):
+                crossed += 1
+                break
+    assert crossed / studies <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / studies), crossed
+
+
+def test_the_paired_reduction_conditions_the_baseline_away_and_grows_with_a_real_effect():
+    """15% -> 5% at the restart ICC 0.02: the evidence grows about linearly with the rounds (the Wald
+    drift of the design alternative), and a round the treatment lacks adds nothing."""
+    rng = np.random.default_rng(3)
+    b = _beta_binomial(rng, 0.15, 0.02, 120, (400, 6))
+    t = _beta_binomial(rng, 0.05, 0.02, 120, (400, 6))
+    after = {
+        r: np.mean(
+            [
+                sequential.paired_reduction(
+                    [((int(x[i]), 120), (int(y[i]), 120)) for i in range(r)], 0.02, 0.5
+                )
+                for x, y in zip(b, t, strict=True)
+            ]
+        )
+        for r in (2, 4, 6)
+    }
+    assert 0 < after[2] < after[4] < after[6]
+    assert after[6] - after[4] == pytest.approx(after[4] - after[2], rel=0.35)
+    pairs = [((18, 120), (5, 120))]
+    assert sequential.evidence(
+        [[18, 120], [20, 120]], [[5, 120]], 0.02, 0.03, 0.5, pairs=pairs
+    ).reduction == (sequential.paired_reduction(pairs, 0.02, 0.5))
+
+
+def test_an_arm_with_one_start_waits_for_the_icc_then_is_judged_at_its_upper_bound():
+    """Round 0, every arm one start: nothing shows how much starts vary, so nothing is decided, however
+    clean the fix looks. Once two arms have two starts, the one-start arm is judged at the ICC's upper
+    bound, which is above the plug-in estimate (weaker evidence than the plug-in would give)."""
+    spec = dsv4_spec(min_runs_per_arm=1, max_runs_per_arm=6)
+    hyps = sequential.study_hypotheses(spec)
+    clean = {"capture=eager", "index_k=fp8", "multi_stream=off"}
+    counts = {"baseline": {0: (30, 180)}, "hicache=off": {0: (9, 180)}, **{c: {0: (0, 180)} for c in clean}}
+    arms = {k: sequential.ArmRuns(k, v, frozenset(v)) for k, v in counts.items()}
+    first = sequential.trace(spec, hyps, arms)[-1]
+    assert all(d.verdict is None for d in first.decisions.values())
+    assert "ICC" in first.decisions["H-multistream"].reason
+    counts["baseline"][1], counts["hicache=off"][1] = (20, 180), (14, 180)
+    arms = {k: sequential.ArmRuns(k, v, frozenset(v)) for k, v in counts.items()}
+    runs = [list(a.upto(1)) for a in arms.values()]
+    plug_in = sequential.plug_in_icc(runs, 0.0)
+    bound = sequential.icc_upper_bound(runs, 0.0, 0.8)
+    assert bound is not None and bound > plug_in
+    second = sequential.trace(spec, hyps, arms)[-1]
+    at_plug_in = sequential.evidence([[30, 180], [20, 180]], [[0, 180]], plug_in, 0.03, 0.5)
+    assert second.evidence["H-multistream"].under < at_plug_in.under
+    assert sequential.icc_upper_bound([[[5, 60]], [[0, 60], [0, 60]]], 0.0, 0.8) is None
+
+
+def test_a_reduction_on_its_way_is_not_stopped_for_futility_because_the_ceiling_cannot_settle():
+    """HiCache's 15% -> 5% against a 3% ceiling: the ceiling may never settle, but "partial" is a verdict,
+    so a reduction growing at a pace that reaches its threshold within the budget keeps the arm running;
+    one fallen to Wald's acceptance boundary stops it."""
+    th = sequential.Thresholds.of(0.05)
+    growing = sequential.Evidence(reduction=1.2, under=-0.5, over=0.2)
+    assert sequential.reachable(growing, th, rounds_done=2, max_runs=6)
+    fallen = sequential.Evidence(reduction=sequential.REDUCTION_OUT_OF_REACH - 0.1, under=-0.5, over=0.2)
+    assert not sequential.reachable(fallen, th, rounds_done=2, max_runs=6)

@@ -22,7 +22,10 @@ on the runs themselves. Why this one:
   boundary, a one-dimensional search on a fine grid.
 
 Claims, per hypothesis (baseline mean b, treatment mean t, ceiling c, margin d):
-- `reduction`: H0 t >= b. `increase`: H0 t <= b.
+- `reduction`: H0 t >= b, tested on the rounds both arms ran (`paired_reduction`): given a round's
+  corrupted sessions in both arms, the treatment's share depends on the ratio t / b alone, so the
+  baseline's rate is conditioned away instead of paid for by a sup (what made a moderate effect cost
+  about twice a fixed test's sessions before). `increase`: H0 t <= b.
 - `equivalence`: H0 t >= (1 + d) b or t <= (1 - d) b (relative margin, the default; `min_effect`
   absolute: t >= b + d or t <= b - d); intersection-union, E = the smaller of the two one-sided e-values.
 - `under`: H0 t >= c (corruption gone: under the ceiling). `over`: H0 t <= c (corruption remains).
@@ -38,10 +41,11 @@ about alpha, not alpha / H. The ceiling claims are per-arm bounds at level alpha
 
 Priors (any fixed prior keeps the guarantee; these decide the power): rates log-uniform (MIX_GRID); for
 the comparisons the baseline at least half the ceiling (a baseline under it is no bug to hunt) and the
-treatment within a factor RATIO_SPAN of it; for "reduction" and "under", half the weight on the treatment's
-rate being ~0 (GONE: the alternative that matters most, the change removed the bug). The price of
-validity at every look: a moderate effect needs about twice the sessions a single fixed-size test
-does (`python -m orchestrator.study.rehearse` shows it per design).
+treatment within a factor RATIO_SPAN of it; for "under", half the weight on the treatment's rate being ~0
+(GONE: the alternative that matters most, the change removed the bug). The reduction's prior is over the
+ratio t / b (REDUCTION_WEIGHTS): most of it on the study's design effect (t / b = 1 - min_effect), some on
+"removed" and a little spread, so a moderate effect costs close to a Wald SPRT aimed at it
+(`python -m orchestrator.study.rehearse` shows it per design; bench/gpu_time_floor.py the floors).
 
 Verdicts, at each look, for a hypothesis not yet decided:
 - implicated: reduction and under; partial: reduction and over (corruption remains above the ceiling);
@@ -50,14 +54,19 @@ Verdicts, at each look, for a hypothesis not yet decided:
   else inconclusive;
 - futility (`stopping.futility`, on by default): an arm stops as soon as no verdict can be reached
   within its budget at twice the pace its evidence has grown so far (then as when the budget is
-  spent). Stopping early for futility can only make a study say less, never raise its error;
-- nothing is decided before `stopping.min_runs_per_arm` rounds (default 2): with one start per arm the
-  restart-to-restart variation cannot be estimated, and the evidence would take it for none.
+  spent; a reduction on its way counts, since "partial" is a verdict), or once its reduction's log
+  e-value falls to Wald's acceptance boundary ln(beta / (1 - alpha)) at power 0.8
+  (REDUCTION_OUT_OF_REACH). Stopping early for futility can only make a study say less, never raise its
+  error;
+- nothing is decided before `stopping.min_runs_per_arm` rounds (default 1).
 
 rho is the study's plug-in estimate at each look (`analysis.between_runs`), as in the fixed design: the
-guarantee is exact for a known rho and approximate with an estimated one; `python -m
-orchestrator.study.rehearse ... hydra.sweeper.design=sequential` measures the family-wise error with rho
-estimated as it is here.
+guarantee is exact for a known rho and approximate with an estimated one. An arm with a single start
+cannot show how much starts vary, so a hypothesis with such an arm is judged at an upper confidence
+bound of the study's ICC (`icc_upper_bound`, at `stopping.icc_confidence`, 0.8) from the arms with two
+starts or more (the model has one ICC per study), and is not judged at all while no arm has shown any
+between-start variation. `python -m orchestrator.study.rehearse ... hydra.sweeper.design=sequential`
+measures the family-wise error with rho estimated as it is here, with sized and killed runs.
 """
 
 from __future__ import annotations
@@ -70,8 +79,9 @@ from typing import Any
 
 import numpy as np
 from scipy.special import betaln
+from scipy.stats import chi2
 
-from orchestrator.analysis.stats import study_icc
+from orchestrator.analysis.stats import dispersion, study_icc
 from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
@@ -87,10 +97,17 @@ MIX_GRID = np.unique(np.concatenate([np.geomspace(1e-4, 0.5, 64), np.linspace(0.
 FINE_GRID = np.unique(np.concatenate([np.geomspace(1e-6, 0.3, 800), np.linspace(0.3, 1 - 1e-6, 300)]))
 # the ICC is rounded up to this step, so the likelihoods of repeated run counts are computed once
 ICC_STEP = 1e-3
+# the confidence of the ICC's upper bound at which an arm with a single start is judged
+ICC_CONFIDENCE = 0.8
 
 # the prior of "under" and "reduction" puts half its weight on the treatment's rate being ~0 (the
 # alternative that matters most: the change removed the bug), the other half spread as above
 GONE = 1e-6
+GONE_WEIGHT = 0.5
+# Wald's acceptance boundary for the reduction, ln(beta / (1 - alpha)) at power 0.8 and alpha 0.05: a
+# reduction whose log e-value has fallen this low has lost its race (futility); stopping there costs at
+# most the power it was designed for, never the level
+REDUCTION_OUT_OF_REACH = math.log(0.2 / 0.95)
 GRIDS = {"mix": MIX_GRID, "fine": FINE_GRID, "point": np.array([1.0])}  # ("point", p, 0): the rate p
 Runs = Sequence[Sequence[int]]  # [[corrupted, sessions], ...] per run
 
@@ -167,7 +184,8 @@ def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -
     spread = float(np.exp(chosen - top).sum()) / chosen.size
     if not with_gone:
         return top + math.log(spread)
-    return top + math.log(0.5 * spread + 0.5 * float(np.exp(gone - top).sum()) / gone.size)
+    w = GONE_WEIGHT
+    return top + math.log((1 - w) * spread + w * float(np.exp(gone - top).sum()) / gone.size)
 
 
 def _pair_mix(
@@ -191,6 +209,52 @@ def _pair_mix(
     return high + math.log(float(np.exp(row - high).mean()))
 
 
+# the reduction's prior over the rate ratio psi = treatment / baseline (`paired_reduction`): weights on
+# "the change removed it" (psi ~ 0), on the design effect (psi = 1 - study.min_effect, relative; 0.5 for
+# an absolute min_effect), and spread log-uniform over (1 / RATIO_SPAN, 1)
+REDUCTION_WEIGHTS = {"gone": 0.2, "design": 0.7, "spread": 0.1}
+RATIO_GRID = np.geomspace(1 / RATIO_SPAN, 0.99, 48)
+
+
+def effective(k: float, n: float, icc: float) -> tuple[float, float]:
+    """A run's counts as independent sessions at ICC `icc` (Rao-Scott: both divided by the design
+    effect 1 + (n - 1) icc)."""
+    deff = 1 + max(0.0, n - 1) * max(0.0, icc)
+    return k / deff, n / deff
+
+
+def paired_reduction(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], icc: float, relative_margin: float | None
+) -> float:
+    """Log e-value of "the treatment's rate is below the baseline's" (null: psi = t / b >= 1) from the
+    rounds both arms ran: in each round, given the round's corrupted sessions in both arms (effective
+    counts at ICC `icc`), the treatment's share is binomial with p(psi) = n_t psi / (n_b + n_t psi); a
+    round's likelihood ratio at psi < 1 against psi = 1 has mean 1 at psi = 1 and less above it, given the
+    past, so their product over rounds, mixed over psi by a fixed prior (REDUCTION_WEIGHTS), is a test
+    supermartingale under the whole null: valid at every look (the nuisance, the baseline's own rate,
+    is conditioned away, not paid for). Effective counts make it approximate where the ICC is
+    estimated; the rehearsal measures its size (null models at ICC up to 0.1)."""
+    design = 1 - relative_margin if relative_margin is not None and 0 < relative_margin < 1 else 0.5
+    psis = np.concatenate([[GONE, design], RATIO_GRID])
+    total = np.zeros(len(psis))
+    for (kb, nb), (kt, nt) in pairs:
+        if nb <= 0 or nt <= 0:
+            continue
+        xb, mb = effective(kb, nb, icc)
+        xt, mt = effective(kt, nt, icc)
+        if xb + xt <= 0:
+            continue
+        share = mt * psis / (mb + mt * psis)
+        null = mt / (mb + mt)
+        total += xt * np.log(share / null) + xb * np.log((1 - share) / (1 - null))
+    w = REDUCTION_WEIGHTS
+    weights = np.concatenate(
+        [[w["gone"], w["design"]], np.full(len(RATIO_GRID), w["spread"] / len(RATIO_GRID))]
+    )
+    top = float(total.max())
+    return max(LOG_E_FLOOR, top + math.log(float(np.sum(weights * np.exp(total - top)))))
+
+
 def _boundary_sup(l_base: np.ndarray, treat_runs: Runs, icc: float, scale: float, shift: float) -> float:
     """max over b of l_base(b) + l_treat(b * scale + shift): the sup on a null's boundary."""
     return float(np.max(l_base + run_loglik(treat_runs, ("fine", scale, shift), icc)))
@@ -203,15 +267,27 @@ def evidence(
     ceiling: float,
     margin: float,
     relative: bool = True,
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
 ) -> Evidence:
-    """The log e-values of every claim (module doc) from the two arms' per-run counts."""
+    """The log e-values of every claim (module doc) from the two arms' per-run counts. `pairs`: the
+    (baseline, treatment) runs of the same round, which the reduction compares (default: the runs in
+    order, pair by pair)."""
+    if pairs is None:
+        pairs = list(zip(base_runs, treat_runs, strict=False))  # runs in order, as many as both have
     key = (tuple(map(tuple, base_runs)), tuple(map(tuple, treat_runs)), round_icc(icc))
-    return _evidence(*key, float(ceiling), float(margin), bool(relative))
+    paired = tuple((tuple(b), tuple(t)) for b, t in pairs)
+    return _evidence(*key, float(ceiling), float(margin), bool(relative), paired)
 
 
 @functools.lru_cache(maxsize=16384)
 def _evidence(
-    base_runs: tuple, treat_runs: tuple, icc: float, ceiling: float, margin: float, relative: bool
+    base_runs: tuple,
+    treat_runs: tuple,
+    icc: float,
+    ceiling: float,
+    margin: float,
+    relative: bool,
+    pairs: tuple = (),
 ) -> Evidence:
     if not treat_runs:
         return Evidence()
@@ -231,13 +307,11 @@ def _evidence(
     b_grid, t_grid = MIX_GRID[:, None], MIX_GRID[None, :]
     equal = float(np.max(lb_f + lt_f))  # the sup on t = b
     free = b_max + t_max
-    gone = lb_m + float(lt_0[0])  # over the baseline grid, the treatment at ~0
     # the prior of the comparisons: a baseline worth hunting (at least half the ceiling), and the
     # treatment within a factor RATIO_SPAN of it, log-uniform (the effect's size is what is unknown)
     rows = ceiling / 2 <= MIX_GRID
-    lower = (t_grid < b_grid) & (t_grid > b_grid / RATIO_SPAN)
     higher = (t_grid > b_grid) & (t_grid < b_grid * RATIO_SPAN)
-    reduction = _pair_mix(pair, lower, rows, gone) - (free if t_hat >= b_hat else equal)
+    reduction = paired_reduction(pairs, icc, margin if relative else None)
     increase = _pair_mix(pair, higher, rows) - (free if t_hat <= b_hat else equal)
     # the null boundaries t = b * scale + shift, above and below the margin
     hi, lo = ((1 + margin, 0.0), (1 - margin, 0.0)) if relative else ((1.0, margin), (1.0, -margin))
@@ -310,8 +384,10 @@ def reachable(ev: Evidence, th: Thresholds, rounds_done: int, max_runs: int) -> 
     scale = FUTILITY_OPTIMISM * max_runs / max(1, rounds_done)
     p = {c: max(0.0, getattr(ev, c)) * scale for c in CLAIMS}
     ceiling_settles = p["under"] >= th.ceiling or p["over"] >= th.ceiling
+    if ev.reduction <= REDUCTION_OUT_OF_REACH:
+        p["reduction"] = -math.inf
     return bool(
-        (p["reduction"] >= th.comparison and ceiling_settles)
+        (p["reduction"] >= th.comparison and (ceiling_settles or ev.reduction < th.comparison))
         or p["equivalence"] >= th.comparison
         or p["increase"] >= th.comparison
     )
@@ -361,6 +437,15 @@ class ArmRuns:
         return [c for r, c in sorted(self.counts.items()) if r <= round_index]
 
 
+def paired_runs(base: ArmRuns, treat: ArmRuns, round_index: int) -> list[tuple[tuple[int, int], ...]]:
+    """The rounds <= round_index in which both arms have a pooled run: (baseline's, treatment's)."""
+    return [
+        (base.counts[r], treat.counts[r])
+        for r in sorted(base.counts)
+        if r <= round_index and r in treat.counts
+    ]
+
+
 @dataclass(frozen=True)
 class Look:
     """The study after one round: per hypothesis its evidence and decision."""
@@ -402,6 +487,7 @@ def look(
     th: Thresholds,
     settings: Any,
     decided: Mapping[str, Decision] | None = None,
+    icc_bound: float | None = None,
 ) -> Look:
     """Judge every hypothesis on the runs of rounds <= round_index. `decided`: decisions of earlier
     looks (a decided hypothesis keeps its verdict). `settings`: the study (its ceiling, min_effect,
@@ -410,13 +496,25 @@ def look(
     evidences, decisions = {}, {}
     max_runs = int(settings.stopping.max_runs_per_arm)
     early = round_index + 1 < int(settings.stopping.min_runs_per_arm)
-    has_data = {}
+    has_data, unbounded = {}, set()
     for h in hyps:
-        base = arms.get(h.baseline, ArmRuns(h.baseline)).upto(round_index)
-        treat = arms.get(h.treatment, ArmRuns(h.treatment)).upto(round_index)
+        base_arm = arms.get(h.baseline, ArmRuns(h.baseline))
+        treat_arm = arms.get(h.treatment, ArmRuns(h.treatment))
+        base, treat = base_arm.upto(round_index), treat_arm.upto(round_index)
         has_data[h.id] = bool(base) and bool(treat)
+        # an arm with one start is judged at the study ICC's upper bound (`icc_upper_bound`), and not
+        # at all while nothing bounds it
+        single = len(base) < 2 or len(treat) < 2
+        if single and icc_bound is None:
+            unbounded.add(h.id)
         evidences[h.id] = evidence(
-            base, treat, icc, settings.ceiling, settings.min_effect, bool(settings.min_effect_relative)
+            base,
+            treat,
+            max(icc, icc_bound) if single and icc_bound is not None else icc,
+            settings.ceiling,
+            settings.min_effect,
+            bool(settings.min_effect_relative),
+            pairs=paired_runs(base_arm, treat_arm, round_index),
         )
     evidences = closed(evidences)
     for h in hyps:
@@ -426,6 +524,10 @@ def look(
             continue
         if early:
             decisions[h.id] = Decision(None, "fewer runs than study.stopping.min_runs_per_arm", True)
+            continue
+        if h.id in unbounded and round_index + 1 < max_runs:
+            why = "one start, and no arm has yet shown how much starts vary (the ICC)"
+            decisions[h.id] = Decision(None, why, True)
             continue
         spent = round_index + 1 >= max_runs
         futile = bool(settings.stopping.futility) and not reachable(ev, th, round_index + 1, max_runs)
@@ -468,6 +570,10 @@ def bench_arms(
     return candidates
 
 
+def _icc_confidence(spec: Any) -> float:
+    return float(getattr(spec.stopping, "icc_confidence", ICC_CONFIDENCE))
+
+
 def plug_in_icc(arm_runs: Sequence[Sequence[Sequence[int]]], assumed: float) -> float:
     """The study's ICC from its arms' runs (as `analysis.between_runs` estimates it for a whole study),
     never below `assumed`: the ICC the e-values use at a look."""
@@ -479,6 +585,23 @@ def icc_at(arms: Mapping[str, ArmRuns], round_index: int, assumed: float) -> flo
     return plug_in_icc([a.upto(round_index) for a in arms.values()], assumed)
 
 
+def icc_upper_bound(
+    arm_runs: Sequence[Sequence[Sequence[int]]], assumed: float, confidence: float
+) -> float | None:
+    """An upper confidence bound on the study's ICC, from the arms with two runs or more (Pearson's X^2
+    over df is about phi chi^2_df / df, phi = 1 + (m - 1) rho: the bound puts X^2 at the chi-square's
+    lower 1 - `confidence` quantile), never below `assumed`; None while no arm shows any between-run
+    variation to bound it by (df 0). What an arm with a single start is judged at: its own run cannot
+    show how much starts vary, so it borrows the study's ICC with that estimate's uncertainty."""
+    found = dispersion([list(g) for g in arm_runs])
+    if not found.estimated:
+        return None
+    phi_upper = found.phi * found.df / float(chi2.ppf(1 - confidence, found.df))
+    m = found.mean_run_size
+    bound = (phi_upper - 1) / (m - 1) if m > 1 else 0.0
+    return min(1.0, max(bound, assumed, 0.0))
+
+
 def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]) -> list[Look]:
     """Every look of the study so far, one per round with a run, recomputed from the runs alone (so a
     resumed or extended study has the same trace as one never interrupted)."""
@@ -488,7 +611,10 @@ def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]
     decided: dict[str, Decision] = {}
     for r in rounds:
         icc = icc_at(arms, r, float(spec.assumed_icc))
-        current = look(hyps, arms, r, icc, th, spec, decided)
+        bound = icc_upper_bound(
+            [a.upto(r) for a in arms.values()], float(spec.assumed_icc), _icc_confidence(spec)
+        )
+        current = look(hyps, arms, r, icc, th, spec, decided, icc_bound=bound)
         decided = {h: d for h, d in current.decisions.items() if d.verdict is not None}
         looks.append(current)
     return looks

@@ -232,9 +232,11 @@ class Hypothesis:
 class StoppingConf:
     """When a sequential study (`hydra.sweeper.design=sequential`) stops spending on undecided arms."""
 
-    # the fewest starts an arm gets before its hypotheses may be decided: one start cannot show the
-    # restart-to-restart variation, and the evidence assumes none until two do
-    min_runs_per_arm: int = 2
+    # the fewest starts an arm gets before its hypotheses may be decided. One start cannot show the
+    # restart-to-restart variation (the ICC), so an arm with a single start is judged at an upper bound of
+    # the study's ICC from the arms with two or more (icc_confidence), and not while none has; 2 asks
+    # every arm for two starts of its own
+    min_runs_per_arm: int = 1
     # the most server starts (rounds) an arm gets; then its undecided hypotheses are inconclusive
     max_runs_per_arm: int = 6
     # the most sessions the whole study spends (null: no cap beyond max_runs_per_arm)
@@ -244,6 +246,8 @@ class StoppingConf:
     # the largest run (sessions in one start) the design may choose for an arm's next start, by the
     # information each GPU-second buys (analysis/cost.py); null: every run has workload.sessions
     max_run_sessions: int | None = None
+    # the confidence of the ICC's upper bound at which an arm with a single start is judged
+    icc_confidence: float = 0.8
 
 
 @dataclass
@@ -331,6 +335,7 @@ class StudyConf:
             max_sessions=None if cap is None else int(cap),
             futility=bool(stopping.get("futility", True)),
             max_run_sessions=None if largest is None else int(largest),
+            icc_confidence=float(stopping.get("icc_confidence", StoppingConf.icc_confidence)),
         )
         cost = data.get("cost") or {}
         values["cost"] = CostConf(
