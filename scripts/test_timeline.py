@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
@@ -87,6 +88,22 @@ def machine_busy(before: str, after: str, cores: int) -> str:
     )
 
 
+def durations(rows: list[Row], min_s: float = 1.0) -> str:
+    """tests/durations.tsv's text: the wall seconds of each test that took `min_s` or more, longest
+    first, each id without pytest-xdist's `@group` (tests/conftest.py orders a run by it, longest first)."""
+    lines = [
+        "# seconds\ttest: wall time in a whole run; tests/conftest.py sends the longest out first",
+        "# written by `python scripts/test_timeline.py TIMELINE --write-durations tests/durations.tsv`",
+    ]
+    for r in sorted(rows, key=lambda r: (r.start - r.end, r.nodeid)):
+        if r.end - r.start >= min_s:
+            lines.append(f"{r.end - r.start:.1f}\t{_GROUP_SUFFIX.sub('', r.nodeid)}")
+    return "\n".join(lines) + "\n"
+
+
+_GROUP_SUFFIX = re.compile(r"@[^\]\[/]+$")  # as tests/conftest.py's plain_nodeid
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -95,7 +112,12 @@ def main() -> None:
     parser.add_argument("--tail", type=float, default=180.0, help="seconds before the end to list (180)")
     parser.add_argument("--top", type=int, default=15, help="how many of the most CPU-hungry tests to list")
     parser.add_argument("--cpu-since", type=Path, help="/proc/stat's first line, saved as the run began")
+    parser.add_argument(
+        "--write-durations", type=Path, help="write each test's wall time to this file (tests/durations.tsv)"
+    )
     args = parser.parse_args()
+    if args.write_durations:
+        args.write_durations.write_text(durations(read(args.timeline)))
     print(summary(read(args.timeline), args.tail, args.top))
     if args.cpu_since:
         print(machine_busy(args.cpu_since.read_text(), cpu_line(), os.cpu_count() or 1))

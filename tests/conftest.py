@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import os
 import random
+import re
 import resource
 import shutil
 import socket
@@ -91,16 +92,63 @@ def free_port() -> int:
         return port
 
 
+# How long each test of more than a few seconds took in a whole run (wall seconds, beside the others):
+# written from a run's timeline by `python scripts/test_timeline.py TIMELINE --write-durations FILE`
+DURATIONS = Path(__file__).with_name("durations.tsv")
+# a test the file does not know yet (a new one): a slow one is guessed long, any other short
+_GUESS_S = {True: 20.0, False: 0.1}
+_GROUP_SUFFIX = re.compile(r"@[^\]\[/]+$")  # pytest-xdist's `@group` after a grouped test's id
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """A test's id without the `@group` pytest-xdist appends under --dist loadgroup."""
+    return _GROUP_SUFFIX.sub("", nodeid)
+
+
+def read_durations(path: Path = DURATIONS) -> dict[str, float]:
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            seconds, nodeid = line.split("\t", 1)
+            out[nodeid] = float(seconds)
+    return out
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end runs first: a long run left to the end would run alone while the other workers idle.
-    The `alone` tests last: each waits for the tests running beside it to end, which at the end of the run
-    are short ones."""
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("alone") is not None,
-            item.get_closest_marker("slow") is None,
-        )
-    )
+    """The longest tests first (their durations in a recent run, tests/durations.tsv), so that the run
+    ends with short ones on every worker: a long run left to the end would run alone while the other
+    workers idle. The `alone` tests last: each waits for the tests running beside it to end, which at
+    the end of the run are short ones."""
+    order_items(items, read_durations())
+
+
+def order_items(items: list, known: dict[str, float]) -> None:
+    """Sorts `items` longest first by `known` (test id -> seconds; one it does not know: 20 s if slow,
+    else short), `alone` ones last. A module kept on one worker (`xdist_group`) goes out as one unit,
+    at the place of its first test (--dist loadgroup, --no-loadscope-reorder): its tests are placed by
+    the whole group's time."""
+
+    def group(item) -> str | None:
+        mark = item.get_closest_marker("xdist_group")
+        return None if mark is None else (mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+    def seconds(item) -> float:
+        guess = _GUESS_S[item.get_closest_marker("slow") is not None]
+        return known.get(plain_nodeid(item.nodeid), guess)
+
+    groups: dict[str, float] = {}
+    for item in items:
+        if (name := group(item)) is not None:
+            groups[name] = groups.get(name, 0.0) + seconds(item)
+
+    def key(item) -> tuple[bool, float]:
+        name = group(item)
+        expected = seconds(item) if name is None else groups[name]
+        return item.get_closest_marker("alone") is not None, -expected
+
+    items.sort(key=key)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -112,6 +160,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     path = os.environ.get("HEISENHUNT_TEST_TIMELINE")
     started, cpu = time.time(), _cpu_s()
     yield
+    # a test held at the gate before an `alone` one (machine_share) starts when the gate lets it in: the
+    # wait is the worker's idle time, not the test's (tests/durations.tsv orders the next runs by it)
+    started += getattr(item, "_gate_wait_s", 0.0)
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
         with open(path, "a") as f:
@@ -167,9 +218,11 @@ def _share_the_machine(
         yield
         return
     # the workers' base temp dirs share one parent, made for this run
+    asked = time.time()
     with machine_share(
         tmp_path_factory.getbasetemp().parent, request.node.get_closest_marker("alone") is not None
     ):
+        request.node._gate_wait_s = time.time() - asked
         yield
 
 

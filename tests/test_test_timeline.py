@@ -8,8 +8,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from tests.conftest import script_module
+import pytest
+
+from tests.conftest import order_items, plain_nodeid, read_durations, script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 timeline = script_module("scripts/test_timeline.py", "test_timeline_script")
@@ -76,3 +79,44 @@ def test_the_machine_is_busy_for_its_non_idle_ticks_and_a_real_busy_loop_shows()
         pass
     (busy0, total0), (busy1, total1) = timeline.cpu_ticks(first), timeline.cpu_ticks(timeline.cpu_line())
     assert 0 < busy1 - busy0 <= total1 - total0
+
+
+def test_the_durations_file_lists_the_long_tests_longest_first_without_their_group(tmp_path: Path):
+    rows = [
+        timeline.Row("gw0", 0.0, 3.0, "tests/a.py::mid", 1.0),
+        timeline.Row("gw1", 0.0, 90.0, "tests/b.py::long[x@y]@ray", 9.0),
+        timeline.Row("gw1", 90.0, 90.2, "tests/b.py::short", 0.1),
+        timeline.Row("gw2", 0.0, 40.0, "tests/c.py::docs[README.md:54:python -m x]@docs-33378152", 2.0),
+    ]
+    path = tmp_path / "durations.tsv"
+    path.write_text(timeline.durations(rows))
+    assert read_durations(path) == {
+        "tests/b.py::long[x@y]": 90.0,
+        "tests/c.py::docs[README.md:54:python -m x]": 40.0,
+        "tests/a.py::mid": 3.0,
+    }
+    assert next(iter(read_durations(path))) == "tests/b.py::long[x@y]"  # longest first
+    # the suite's own file reads, and names tests by the ids the ordering looks up
+    known = read_durations()
+    assert known and all("::" in nodeid and plain_nodeid(nodeid) == nodeid for nodeid in known)
+
+
+def test_a_run_sends_the_longest_tests_first_a_group_by_its_whole_time_and_alone_tests_last():
+    def item(nodeid: str, *marks: pytest.MarkDecorator) -> SimpleNamespace:
+        found = {m.name: m.mark for m in marks}
+        return SimpleNamespace(nodeid=nodeid, get_closest_marker=found.get)
+
+    known = {"t.py::a": 5.0, "t.py::b": 50.0, "g.py::one": 20.0, "g.py::two": 20.0, "s.py::alone": 99.0}
+    items = [
+        item("t.py::a"),
+        item("g.py::one@grp", pytest.mark.xdist_group("grp")),
+        item("t.py::b"),
+        item("s.py::alone", pytest.mark.alone),
+        item("g.py::two@grp", pytest.mark.xdist_group("grp")),
+        item("t.py::new_slow", pytest.mark.slow),  # unknown: guessed 20 s
+        item("t.py::new"),  # unknown: guessed short
+    ]
+    order_items(items, known)
+    assert [i.nodeid for i in items] == [
+        "t.py::b", "g.py::one@grp", "g.py::two@grp", "t.py::new_slow", "t.py::a", "t.py::new", "s.py::alone",
+    ]  # fmt: skip
