@@ -57,7 +57,8 @@ def make_transport(host_cfg: Any, name: str | None = None) -> Transport:
     if kind == "local":
         return LocalTransport(host=name or _address(host_cfg))
     if kind == "ssh":
-        from orchestrator.remote.ssh import SSHTransport, ssh_options_from_host
+        from orchestrator.remote.ssh import SSHTransport
+        from orchestrator.remote.ssh_route import ssh_options_from_host
 
         return SSHTransport(ssh_options_from_host(host_cfg), host=name)
     raise ValueError(f"unknown transport {kind!r} for host {_address(host_cfg)}: use 'local' or 'ssh'")
@@ -66,7 +67,7 @@ def make_transport(host_cfg: Any, name: str | None = None) -> Transport:
 def _connection_key(host_cfg: Any) -> tuple:
     if _kind(host_cfg) == "local":
         return ("local", _address(host_cfg))
-    from orchestrator.remote.ssh import ssh_options_from_host
+    from orchestrator.remote.ssh_route import ssh_options_from_host
 
     return ("ssh", ssh_options_from_host(host_cfg))
 

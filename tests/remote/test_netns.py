@@ -15,7 +15,7 @@ from conftest import Netns, SshServer
 from transport_contract import _pgid_members
 
 from orchestrator.remote import SSHTransport, close_all, make_transport, make_transports
-from orchestrator.remote.ssh import HostUnreachable
+from orchestrator.remote.ssh_errors import HostUnreachable
 
 pytestmark = [pytest.mark.ssh, pytest.mark.netns]
 

@@ -1,4 +1,5 @@
-"""ProxyCommand (ssh.py): the connection to a host through a local command, as OpenSSH makes it.
+"""ProxyCommand (ssh_proxy.py; its tokens expanded in ssh_route.py): the connection to a host through a
+local command, as OpenSSH makes it.
 
 The proxy is a real process, a small TCP relay written here (the role `nc %h %p` or `ssh -W %h:%p
 bastion` plays on a cluster), in front of the real loopback sshd of conftest.py. It logs what it was
@@ -20,16 +21,9 @@ import pytest
 from conftest import SshServer
 
 from orchestrator.remote import SSHTransport, make_transport
-from orchestrator.remote.ssh import (
-    HostKeyChanged,
-    HostUnreachable,
-    ProxyCommandSocket,
-    SSHClientConfig,
-    SSHConfigError,
-    SSHOptions,
-    UnknownHostKey,
-    resolve_route,
-)
+from orchestrator.remote.ssh_errors import HostKeyChanged, HostUnreachable, SSHConfigError, UnknownHostKey
+from orchestrator.remote.ssh_proxy import ProxyCommandSocket
+from orchestrator.remote.ssh_route import SSHClientConfig, SSHOptions, resolve_route
 
 pytestmark = pytest.mark.ssh
 

@@ -20,15 +20,14 @@ from conftest import SshServer
 from transport_contract import TransportContract, _pgid_members
 
 from orchestrator.remote import SSHTransport, close_all, make_transport, make_transports
-from orchestrator.remote.ssh import (
+from orchestrator.remote.ssh_errors import (
     AuthenticationFailed,
     HostKeyChanged,
     HostUnreachable,
     SSHConfigError,
-    SSHOptions,
     UnknownHostKey,
-    resolve_route,
 )
+from orchestrator.remote.ssh_route import SSHOptions, resolve_route
 from tests.conftest import ssh_port_that_hangs_up
 
 pytestmark = pytest.mark.ssh
@@ -210,7 +209,7 @@ def test_accept_new_trusts_a_first_seen_host_with_a_warning(
 ) -> None:
     known = tmp_path / "new" / "known_hosts"
     with (
-        caplog.at_level(logging.WARNING, logger="orchestrator.remote.ssh"),
+        caplog.at_level(logging.WARNING, logger="orchestrator.remote.ssh_hostkeys"),
         connect(sshd, known_hosts=str(known), host_key_policy="accept-new") as t,
     ):
         assert t.run_shell("echo ok").stdout == "ok\n"

@@ -1,4 +1,5 @@
-"""The SSH transport's persistent shell (ssh.py), against the real loopback sshd of conftest.py.
+"""The SSH transport's persistent shell (ssh_shell.py, pooled by ssh.py), against the real loopback sshd
+of conftest.py.
 
 A command goes to a long-lived `sh` on the host instead of a session of its own. What must hold: the
 answers are those of a session per command (and of the local transport), nothing carries over from
@@ -22,7 +23,7 @@ from conftest import SshServer
 from transport_contract import TransportContract
 
 from orchestrator.remote import LocalTransport, SSHTransport, TransportError, make_transport
-from orchestrator.remote.ssh import frame
+from orchestrator.remote.ssh_shell import frame
 
 pytestmark = pytest.mark.ssh
 
