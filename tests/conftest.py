@@ -32,6 +32,10 @@ from orchestrator.config.load import CONF_DIR, load_job
 from orchestrator.config.plan import ArmPlan, plan_arm
 from orchestrator.config.schema import JobConf
 from tests import warm
+from tests.repo_hygiene import (  # noqa: F401 - pytest hooks: a session that leaves a stray fails
+    pytest_sessionfinish,
+    pytest_sessionstart,
+)
 
 _ISSUED: set[int] = set()
 # Ports are drawn below Linux's ephemeral range (32768-60999), where the kernel never hands out the local
