@@ -1,10 +1,12 @@
 """The package's shape, read from its source (scripts/import_graph.py, the one definition of the import
-graph): the wings import each other only in the directions stated here, no import cycles (lazy imports
-inside functions count), and the modules past the Hydra edge never see Hydra's config objects."""
+graph): the wings import each other only in the directions docs/architecture.md states, no import cycles
+(lazy imports inside functions count), the modules past the Hydra edge never see Hydra's config objects,
+and the doc's table of the wings lists every module of the package and none that does not exist."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -20,22 +22,47 @@ find_cycle, import_graph, module_files = (
 )
 room_graph, arrows_back_up = graph_script.room_graph, graph_script.arrows_back_up
 
-# Which wing may import which (bottom first). Anything not listed is refused, so a new arrow is a decision
-# written here, not an accident.
-ALLOWED = {
-    "workload": set(),  # the load and what it measures: imports nothing else of ours
-    "config": {"workload"},  # an arm typed, checked and planned (knows the workload's oracle and tools)
-    "remote": {"config"},  # transports: shell quoting from config
-    "sim": {"workload"},  # the embedded default's servers
-    "analysis": {"config", "workload"},  # pure statistics over runs
-    "tracking": {"analysis", "config", "workload"},  # MLflow: the analysis' types only (below)
-    "study": {"analysis", "config", "sim", "workload"},  # designs, sweep, rehearsal
-    "run": {"config", "remote", "tracking", "workload"},  # one arm's side effects
-    "report": {"analysis", "config", "run", "study", "tracking", "workload"},
-    "gpu": {"analysis", "run", "sim", "workload"},
-    "studies": set(),
-    "arm": {"analysis", "config", "remote", "run", "tracking", "workload"},  # the lifecycle
-}
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def doc_rules(text: str) -> dict[str, set[str]]:
+    """Which wing may import which, from the doc's lines `- `a -> b, c`: why` (`a -> (nothing)`: none)."""
+    rules = {}
+    for wing_name, targets in re.findall(r"^- `(\w+) -> ([^`]*)`", text, flags=re.MULTILINE):
+        rules[wing_name] = set() if targets == "(nothing)" else {t.strip() for t in targets.split(",")}
+    return rules
+
+
+def doc_modules(text: str) -> set[str]:
+    """The modules the doc's table of the wings lists: `| `orchestrator/run/` | deploy.py, ... | what |`."""
+    table = text[text.index("## The wings") : text.index("### Which wing may import which")]
+    listed = set()
+    for folder, files in re.findall(r"^\| `([\w/]+)/` \| ([^|]+) \|", table, flags=re.MULTILINE):
+        for name in (f.strip().strip("`") for f in files.split(",")):
+            if not re.fullmatch(r"\w+\.py", name):
+                raise ValueError(
+                    f"{folder}/: {name!r} in docs/architecture.md's table is not a module's file name"
+                )
+            parts = [*folder.split("/"), name.removesuffix(".py")]
+            listed.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return listed
+
+
+def needs_a_row(path: Path) -> bool:
+    """Every module but a package's `__init__.py` that holds only a docstring, imports and `__all__`."""
+    if path.name != "__init__.py":
+        return True
+    for node in ast.parse(path.read_text()).body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        all_names = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
+        if not (docstring or all_names or isinstance(node, (ast.Import, ast.ImportFrom))):
+            return True
+    return False
+
+
+# Which wing may import which: the doc's rule, read from it, so a new arrow is a decision written there,
+# not an accident. Anything not listed is refused.
+ALLOWED = doc_rules(DOC.read_text())
 TOP = {"__main__"}  # the edge: may import any wing
 PLUGINS_MAY_NOT = {"__main__"}
 # tracking reads and writes the analysis' records; it never runs the analysis' logic
@@ -135,3 +162,64 @@ def test_modules_past_the_edge_take_no_hydra_config(module):
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert "DictConfig" not in names, module
+
+
+def test_the_doc_lists_every_module_of_the_package():
+    listed = doc_modules(DOC.read_text())
+    missing = sorted(m for m, path in module_files().items() if needs_a_row(path) and m not in listed)
+    assert not missing, (
+        f"docs/architecture.md's table of the wings does not list {missing}: add each to its wing's row, "
+        f"with a few words on what it does"
+    )
+
+
+def test_the_doc_lists_no_module_that_does_not_exist():
+    invented = sorted(doc_modules(DOC.read_text()) - set(module_files()))
+    assert not invented, f"docs/architecture.md's table lists modules that do not exist: {invented}"
+
+
+def test_the_doc_counts_the_modules_the_import_graph_counts():
+    stated = re.search(r"The package has (\d+) modules", DOC.read_text())
+    assert stated is not None, "docs/architecture.md no longer says how many modules the package has"
+    counted = graph_script.shape()["modules"]  # what `python scripts/import_graph.py` prints
+    assert int(stated.group(1)) == counted, (
+        f"the package has {counted} modules: say so in docs/architecture.md"
+    )
+
+
+def test_the_doc_readers_read_what_they_are_shown():
+    text = """## The wings
+| wing | modules | what it is |
+|---|---|---|
+| `orchestrator/` | `__main__.py`, arm.py | the edge |
+| `orchestrator/remote/` | `__init__.py`, ssh.py | hosts |
+### Which wing may import which
+- `remote -> config, workload`: transports
+- `workload -> (nothing)`: the bottom
+- `__main__.py` -> anything
+"""
+    assert doc_modules(text) == {
+        "orchestrator.__main__",
+        "orchestrator.arm",
+        "orchestrator.remote",
+        "orchestrator.remote.ssh",
+    }
+    assert doc_rules(text) == {"remote": {"config", "workload"}, "workload": set()}
+    with pytest.raises(ValueError, match=r"'\.\.\.'"):
+        doc_modules(text.replace("ssh.py |", "ssh.py, ... |"))
+
+
+def test_the_doc_states_a_rule_for_every_wing_of_the_package():
+    wings = {wing(room) for room in room_graph(import_graph()) if room.startswith("orchestrator.")}
+    assert wings - TOP == set(ALLOWED), (
+        "docs/architecture.md: a rule line for each wing, none for a wing gone"
+    )
+
+
+def test_a_package_init_with_code_of_its_own_needs_a_row(tmp_path):
+    bare = tmp_path / "__init__.py"
+    bare.write_text('"""Doc."""\nfrom x import y\n__all__ = ["y"]\n')
+    assert not needs_a_row(bare)
+    bare.write_text('"""Doc."""\ndef make():\n    pass\n')
+    assert needs_a_row(bare)
+    assert needs_a_row(tmp_path / "plain.py")
