@@ -259,5 +259,11 @@ def test_a_reduction_on_its_way_is_not_stopped_for_futility_because_the_ceiling_
     th = sequential.Thresholds.of(0.05)
     growing = sequential.Evidence(reduction=1.2, under=-0.5, over=0.2)
     assert sequential.reachable(growing, th, rounds_done=2, max_runs=6)
+    # a slow start is no verdict yet: the prior's weight off the design effect costs a little at first
+    slow = sequential.Evidence(reduction=-0.4, under=-0.5, over=0.0)
+    assert sequential.reachable(slow, th, rounds_done=2, max_runs=6)
+    # shown, with the ceiling out of reach: stop, "partial" is in hand
+    shown = sequential.Evidence(reduction=3.5, under=-0.5, over=0.1)
+    assert not sequential.reachable(shown, th, rounds_done=3, max_runs=6)
     fallen = sequential.Evidence(reduction=sequential.REDUCTION_OUT_OF_REACH - 0.1, under=-0.5, over=0.2)
     assert not sequential.reachable(fallen, th, rounds_done=2, max_runs=6)

@@ -378,16 +378,20 @@ class Decision:
 
 
 def reachable(ev: Evidence, th: Thresholds, rounds_done: int, max_runs: int) -> bool:
-    """Whether some verdict's claims could still reach their thresholds within the budget, projecting
-    each log e-value's growth so far forward at FUTILITY_OPTIMISM times its pace (a log e-value grows
-    about linearly with the runs when its alternative holds)."""
+    """Whether some verdict's claims could still reach their thresholds within the budget. A reduction
+    not yet shown is in reach until its log e-value falls to Wald's acceptance boundary
+    (REDUCTION_OUT_OF_REACH: its likelihood ratio at the design effect is then as small as an SPRT of
+    power 0.8 would accept the null at); the other claims project their log e-value's growth so far
+    forward at FUTILITY_OPTIMISM times its pace (a log e-value grows about linearly with the runs when
+    its alternative holds). Once the reduction is shown, "partial" is in hand, and the arm goes on only
+    while its ceiling could still settle."""
     scale = FUTILITY_OPTIMISM * max_runs / max(1, rounds_done)
     p = {c: max(0.0, getattr(ev, c)) * scale for c in CLAIMS}
     ceiling_settles = p["under"] >= th.ceiling or p["over"] >= th.ceiling
-    if ev.reduction <= REDUCTION_OUT_OF_REACH:
-        p["reduction"] = -math.inf
+    if ev.reduction >= th.comparison:
+        return ceiling_settles
     return bool(
-        (p["reduction"] >= th.comparison and (ceiling_settles or ev.reduction < th.comparison))
+        ev.reduction > REDUCTION_OUT_OF_REACH
         or p["equivalence"] >= th.comparison
         or p["increase"] >= th.comparison
     )
