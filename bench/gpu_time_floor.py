@@ -27,7 +27,13 @@ start's rate drawn around the arm's with ICC rho, its sessions binomial around i
   1.906 / 3.091. A zero arm's part does not: its outcome under the alternative is certain (every session
   clean), so no stopping rule can stop sooner than the evidence of all-clean starts allows.
 
-Neither counts what a real design pays on top (the ICC estimated, a test valid at every look, HiCache's
+- **One start of a zero arm.** Its "under the ceiling" rests on the ICC: a start's all-clean outcome
+  is likely even at the ceiling when starts vary much. The script prints the sessions that one
+  all-clean start needs for the shipped e-value at the ICC known, and at the median upper bound the
+  study can put on the ICC from its two varying arms (what the shipped design judges a one-start arm
+  at).
+
+Neither floor counts what a real design pays on top (the ICC estimated, a test valid at every look, HiCache's
 own "over the ceiling"), so the true floors are higher.
 
     python bench/gpu_time_floor.py              # both floors, and the oracle's power at 0.5x by simulation
@@ -163,6 +169,35 @@ def _start_rates(
     return draw_counts([ArmTruth("arm", {}, p, icc)], starts, n, studies, rng)[:, 0, :] / n
 
 
+def one_start_sessions(icc: float, ceiling: float = 0.03, alpha: float = 0.05, largest: int = 50_000) -> int:
+    """The sessions one all-clean start needs for the shipped design's "under the ceiling" e-value
+    (analysis/sequential.py) to reach 1 / alpha when judged at ICC `icc`."""
+    from orchestrator.analysis import sequential
+
+    n = 1
+    while n < largest and sequential.evidence([], [[0, n]], icc, ceiling, 0.5).under < math.log(1 / alpha):
+        n = max(n + 1, int(n * 1.02))
+    return n
+
+
+def median_icc_bound(icc: float, rounds: int, n: int, studies: int, seed: int) -> float:
+    """The median of the upper bound (analysis/sequential.icc_upper_bound, its default confidence) on the
+    study ICC after `rounds` starts each of the seed story's two varying arms (15% and 5%), n sessions a
+    start: what a zero arm with one start is judged at."""
+    from orchestrator.analysis import sequential
+
+    rng = np.random.default_rng(seed)
+    arms = [ArmTruth("baseline", {}, 0.15, icc), ArmTruth("hicache", {}, 0.05, icc)]
+    counts = draw_counts(arms, rounds, n, studies, rng)
+    bounds = [
+        sequential.icc_upper_bound(
+            [[[int(k), n] for k in study[a]] for a in range(2)], 0.0, sequential.ICC_CONFIDENCE
+        )
+        for study in counts
+    ]
+    return float(np.median([b for b in bounds if b is not None]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -191,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
               f" | {zeros + hicache:.0f} s, {(zeros + hicache) / fixed:.2f}x"
               f" | {zeros + hicache_mean:.0f} s, {(zeros + hicache_mean) / fixed:.2f}x"
               f" | {power:.1%} ({split}) |")  # fmt: skip
+    # a zero arm decided on one start: what that start must hold, at the ICC known and at the bound the
+    # study can put on it from its other arms (the shipped design judges a one-start arm at that bound)
+    print('\nOne start of a zero arm, "under the ceiling" (the shipped e-value), at ICC 0.02:')
+    print(f"- the ICC known: {one_start_sessions(0.02)} sessions")
+    for rounds in (2, 3, 4, 6):
+        bound = median_icc_bound(0.02, rounds, 180, 2000, args.seed)
+        print(f"- judged at the median upper bound after {rounds} starts of 180 on the two varying arms"
+              f" (ICC <= {bound:.3f}): {one_start_sessions(bound)} sessions")  # fmt: skip
     # "none wrong" asks less of the zero arms: inconclusive, or a reduction without the ceiling, is no
     # wrong verdict. What HiCache's reduction can then have at 0.5x, the zero arms given only their starts
     print("\nICC 0.02, the zero arms not settled under the ceiling (no verdict wrong, none as expected):")
