@@ -222,6 +222,15 @@ def test_the_paired_reduction_conditions_the_baseline_away_and_grows_with_a_real
     }
     assert 0 < after[2] < after[4] < after[6]
     assert after[6] - after[4] == pytest.approx(after[4] - after[2], rel=0.35)
+    # the design effect's pace is below the real effect's growth (15% -> 5% is more than a halving), and
+    # a round on a low rate sees few corrupted sessions, so it is worth less
+    paces = [
+        sequential.reduction_pace([((int(x[i]), 120), (int(y[i]), 120)) for i in range(6)], 0.02, 0.5)
+        for x, y in zip(b, t, strict=True)
+    ]
+    assert 0 < np.mean(paces) < (after[6] - after[2]) / 4
+    low = sequential.reduction_pace([((4, 120), (4, 120))] * 3, 0.02, 0.5)
+    assert low < 0.5 * sequential.reduction_pace([((18, 120), (18, 120))] * 3, 0.02, 0.5)
     pairs = [((18, 120), (5, 120))]
     assert sequential.evidence(
         [[18, 120], [20, 120]], [[5, 120]], 0.02, 0.03, 0.5, pairs=pairs
@@ -255,15 +264,21 @@ def test_an_arm_with_one_start_waits_for_the_icc_then_is_judged_at_its_upper_bou
 def test_a_reduction_on_its_way_is_not_stopped_for_futility_because_the_ceiling_cannot_settle():
     """HiCache's 15% -> 5% against a 3% ceiling: the ceiling may never settle, but "partial" is a verdict,
     so a reduction growing at a pace that reaches its threshold within the budget keeps the arm running;
-    one fallen to Wald's acceptance boundary stops it."""
+    one fallen to Wald's acceptance boundary stops it, and so does one whose rounds see so few corrupted
+    sessions that the design effect's pace would not carry it over its threshold in the rounds left."""
     th = sequential.Thresholds.of(0.05)
-    growing = sequential.Evidence(reduction=1.2, under=-0.5, over=0.2)
+    growing = sequential.Evidence(reduction=1.2, under=-0.5, over=0.2, reduction_pace=0.4)
     assert sequential.reachable(growing, th, rounds_done=2, max_runs=6)
     # a slow start is no verdict yet: the prior's weight off the design effect costs a little at first
-    slow = sequential.Evidence(reduction=-0.4, under=-0.5, over=0.0)
+    slow = sequential.Evidence(reduction=-0.4, under=-0.5, over=0.0, reduction_pace=0.4)
     assert sequential.reachable(slow, th, rounds_done=2, max_runs=6)
+    # a round on a low rate sees few corrupted sessions: at that pace the rounds left cannot show it
+    sparse = sequential.Evidence(reduction=0.2, under=-0.5, over=0.0, reduction_pace=0.05)
+    assert not sequential.reachable(sparse, th, rounds_done=2, max_runs=6)
     # shown, with the ceiling out of reach: stop, "partial" is in hand
     shown = sequential.Evidence(reduction=3.5, under=-0.5, over=0.1)
     assert not sequential.reachable(shown, th, rounds_done=3, max_runs=6)
-    fallen = sequential.Evidence(reduction=sequential.REDUCTION_OUT_OF_REACH - 0.1, under=-0.5, over=0.2)
+    fallen = sequential.Evidence(
+        reduction=sequential.REDUCTION_OUT_OF_REACH - 0.1, under=-0.5, over=0.2, reduction_pace=0.4
+    )
     assert not sequential.reachable(fallen, th, rounds_done=2, max_runs=6)
