@@ -222,13 +222,16 @@ def test_the_paired_reduction_conditions_the_baseline_away_and_grows_with_a_real
     }
     assert 0 < after[2] < after[4] < after[6]
     assert after[6] - after[4] == pytest.approx(after[4] - after[2], rel=0.35)
-    # the design effect's pace is below the real effect's growth (15% -> 5% is more than a halving), and
-    # a round on a low rate sees few corrupted sessions, so it is worth less
+    # the pace at the effect seen is about the growth (within what the prior's weight off the effect
+    # costs), and a round on a low rate sees few corrupted sessions, so it is worth less
     paces = [
         sequential.reduction_pace([((int(x[i]), 120), (int(y[i]), 120)) for i in range(6)], 0.02, 0.5)
         for x, y in zip(b, t, strict=True)
     ]
-    assert 0 < np.mean(paces) < (after[6] - after[2]) / 4
+    assert np.mean(paces) == pytest.approx((after[6] - after[2]) / 4, rel=0.5)
+    # a clean treatment's pace is what "removed" would add, far above the design effect's
+    gone = sequential.reduction_pace([((18, 120), (0, 120))] * 2, 0.02, 0.5)
+    assert gone > 3 * sequential.reduction_pace([((18, 120), (9, 120))] * 2, 0.02, 0.5)
     low = sequential.reduction_pace([((4, 120), (4, 120))] * 3, 0.02, 0.5)
     assert low < 0.5 * sequential.reduction_pace([((18, 120), (18, 120))] * 3, 0.02, 0.5)
     pairs = [((18, 120), (5, 120))]
@@ -270,7 +273,7 @@ def test_a_reduction_on_its_way_is_not_stopped_for_futility_because_the_ceiling_
     growing = sequential.Evidence(reduction=1.2, under=-0.5, over=0.2, reduction_pace=0.4)
     assert sequential.reachable(growing, th, rounds_done=2, max_runs=6)
     # a slow start is no verdict yet: the prior's weight off the design effect costs a little at first
-    slow = sequential.Evidence(reduction=-0.4, under=-0.5, over=0.0, reduction_pace=0.4)
+    slow = sequential.Evidence(reduction=-0.4, under=-0.5, over=0.0, reduction_pace=0.5)
     assert sequential.reachable(slow, th, rounds_done=2, max_runs=6)
     # a round on a low rate sees few corrupted sessions: at that pace the rounds left cannot show it
     sparse = sequential.Evidence(reduction=0.2, under=-0.5, over=0.0, reduction_pace=0.05)

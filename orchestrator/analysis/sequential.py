@@ -90,10 +90,6 @@ LOG_E_FLOOR = -50.0
 RATIO_SPAN = 100.0
 # futility: a claim is out of reach when twice its pace so far would not carry it over its threshold
 FUTILITY_OPTIMISM = 2.0
-# the reduction projects at the design effect's pace (`reduction_pace`), the smallest effect worth
-# finding: a real one grows faster (HiCache's 15% -> 5% about twice as fast as a halving), hence twice
-# the optimism
-REDUCTION_OPTIMISM = 2 * FUTILITY_OPTIMISM
 # the mixture prior: log-uniform over rates (a heisenbug's rate is as likely 0.1% as 10%)
 MIX_GRID = np.unique(np.concatenate([np.geomspace(1e-4, 0.5, 64), np.linspace(0.55, 0.99, 10)]))
 # the null sups: fine enough that the grid maximum is the true one to well under 0.01 in log
@@ -171,8 +167,8 @@ class Evidence:
     equivalence: float = 0.0
     under: float = 0.0
     over: float = 0.0
-    # not a claim: the nats a round adds to the reduction's log e-value on average were the design effect
-    # true, at the rounds so far (`reduction_pace`): what futility projects the reduction forward by
+    # not a claim: the nats a round adds to the reduction's log e-value on average at the effect seen so
+    # far, or the design effect where that is larger (`reduction_pace`): what futility projects it by
     reduction_pace: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -244,10 +240,11 @@ def paired_reduction(
     psis = np.concatenate([[GONE, _design_ratio(relative_margin)], RATIO_GRID])
     total = np.zeros(len(psis))
     for (kb, nb), (kt, nt) in pairs:
-        got = _round_shares(kb, nb, kt, nt, icc, psis)
+        got = _round_counts(kb, nb, kt, nt, icc)
         if got is None:
             continue
-        xb, xt, share, null = got
+        xb, mb, xt, mt = got
+        share, null = mt * psis / (mb + mt * psis), mt / (mb + mt)
         total += xt * np.log(share / null) + xb * np.log((1 - share) / (1 - null))
     w = REDUCTION_WEIGHTS
     weights = np.concatenate(
@@ -261,33 +258,34 @@ def _design_ratio(relative_margin: float | None) -> float:
     return 1 - relative_margin if relative_margin is not None and 0 < relative_margin < 1 else 0.5
 
 
-def _round_shares(kb: float, nb: float, kt: float, nt: float, icc: float, psi: np.ndarray):
-    """One round's effective counts and the treatment's share of its corrupted sessions at each psi and
-    at psi = 1 (None where the round has no information)."""
+def _round_counts(kb: float, nb: float, kt: float, nt: float, icc: float):
+    """One round's effective counts (xb, mb, xt, mt), or None where the round has no information."""
     if nb <= 0 or nt <= 0:
         return None
     xb, mb = effective(kb, nb, icc)
     xt, mt = effective(kt, nt, icc)
-    if xb + xt <= 0:
-        return None
-    return xb, xt, mt * psi / (mb + mt * psi), mt / (mb + mt)
+    return None if xb + xt <= 0 else (xb, mb, xt, mt)
 
 
 def reduction_pace(
     pairs: Sequence[tuple[Sequence[int], Sequence[int]]], icc: float, relative_margin: float | None
 ) -> float:
-    """The mean over the rounds so far of what a round adds to the reduction's log e-value were the
-    design effect true: the round's effective corrupted sessions times the Kullback-Leibler divergence of
-    the treatment's share at the design effect from its share at no effect (0 before any such round)."""
+    """What a round adds to the reduction's log e-value on average were the effect the larger of the one
+    seen so far and the design effect (the treatment's rate relative to the baseline's, from the rounds'
+    effective counts, never above 1 - min_effect): a round's effective corrupted sessions times the
+    Kullback-Leibler divergence of the treatment's share at that effect from its share at none, averaged
+    over the rounds so far (0 before any)."""
+    rounds = [got for (kb, nb), (kt, nt) in pairs if (got := _round_counts(kb, nb, kt, nt, icc)) is not None]
+    if not rounds:
+        return 0.0
+    seen = sum(xt for _, _, xt, _ in rounds) * sum(mb for _, mb, _, _ in rounds)
+    seen /= max(sum(xb for xb, _, _, _ in rounds) * sum(mt for _, _, _, mt in rounds), 1e-12)
+    psi = min(max(seen, GONE), _design_ratio(relative_margin))
     paces = []
-    for (kb, nb), (kt, nt) in pairs:
-        got = _round_shares(kb, nb, kt, nt, icc, np.array([_design_ratio(relative_margin)]))
-        if got is None:
-            continue
-        xb, xt, share, null = got
-        p = float(share[0])
+    for xb, mb, xt, mt in rounds:
+        p, null = mt * psi / (mb + mt * psi), mt / (mb + mt)
         paces.append((xb + xt) * (p * math.log(p / null) + (1 - p) * math.log((1 - p) / (1 - null))))
-    return float(np.mean(paces)) if paces else 0.0
+    return float(np.mean(paces))
 
 
 def _boundary_sup(l_base: np.ndarray, treat_runs: Runs, icc: float, scale: float, shift: float) -> float:
@@ -419,17 +417,18 @@ def reachable(ev: Evidence, th: Thresholds, rounds_done: int, max_runs: int) -> 
     not yet shown is in reach while its log e-value is above Wald's acceptance boundary
     (REDUCTION_OUT_OF_REACH: its likelihood ratio at the design effect is then as small as an SPRT of
     power 0.8 would accept the null at) and could reach its threshold in the rounds left at
-    REDUCTION_OPTIMISM times the pace the design effect would give it (`reduction_pace`: a round's
-    worth depends on how many sessions it sees corrupted, few on a low rate); the other claims project
-    their log e-value's growth so far forward at FUTILITY_OPTIMISM times its pace (a log e-value grows
-    about linearly with the runs when its alternative holds). Once the reduction is shown, "partial" is
+    FUTILITY_OPTIMISM times the pace the effect seen so far would give it, or the design effect where
+    the effect seen is smaller (`reduction_pace`: a round's worth depends on how many sessions it sees
+    corrupted, few on a low rate); the other claims project their log e-value's growth so far forward
+    at FUTILITY_OPTIMISM times its pace (a log e-value grows about linearly with the runs when its
+    alternative holds). Once the reduction is shown, "partial" is
     in hand, and the arm goes on only while its ceiling could still settle."""
     scale = FUTILITY_OPTIMISM * max_runs / max(1, rounds_done)
     p = {c: max(0.0, getattr(ev, c)) * scale for c in CLAIMS}
     ceiling_settles = p["under"] >= th.ceiling or p["over"] >= th.ceiling
     if ev.reduction >= th.comparison:
         return ceiling_settles
-    ahead = REDUCTION_OPTIMISM * ev.reduction_pace * max(0, max_runs - rounds_done)
+    ahead = FUTILITY_OPTIMISM * ev.reduction_pace * max(0, max_runs - rounds_done)
     return bool(
         (ev.reduction > REDUCTION_OUT_OF_REACH and ev.reduction + ahead >= th.comparison)
         or p["equivalence"] >= th.comparison
