@@ -14,11 +14,10 @@ from orchestrator.analysis import (
     StudySpec,
     analyse,
     arm_label,
-    judge,
-    pool_arms,
     stats,
 )
-from orchestrator.analysis.result import to_json
+from orchestrator.analysis.result import MoreSessions, to_json
+from orchestrator.analysis.study import judge, pool_arms
 from orchestrator.report.render import dumps, render_markdown
 from tests.conftest import report_json
 
@@ -109,20 +108,20 @@ def test_pooling_keeps_per_run_counts_and_never_pools_interrupted_runs():
         # failed before any session: nothing to count
         run({"capture": "eager"}, 0, 0, rep=0, status="FAILED", outcomes="none", reason="health timeout"),
     ]
-    arms = {a["label"]: a for a in pool_arms(runs, SPEC)}
+    arms = {a.label: a for a in pool_arms(runs, SPEC)}
     base = arms["baseline"]
-    assert (base["corrupted"], base["n"], base["errored"]) == (27, 27 + 151, 2)
-    assert base["run_counts"] == [[9, 58], [8, 60], [10, 60]]
-    assert base["partial"] is False
-    assert [r["used"] for r in base["runs"]] == [True, True, True, False]
+    assert (base.corrupted, base.n, base.errored) == (27, 27 + 151, 2)
+    assert base.run_counts == ((9, 58), (8, 60), (10, 60))
+    assert base.partial is False
+    assert [r.used for r in base.runs] == [True, True, True, False]
     # these runs vary less than binomial: no between-run variation, the exact interval of the sessions
-    assert base["design_effect"] == 1.0 and base["effective_n"] == 178
-    assert base["ci"] == pytest.approx(stats.clopper_pearson(27, 178))
+    assert base.design_effect == 1.0 and base.effective_n == 178
+    assert base.ci == pytest.approx(stats.clopper_pearson(27, 178))
     off = arms["multi_stream=off"]
-    assert (off["corrupted"], off["n"], off["partial"]) == (0, 60, True)
+    assert (off.corrupted, off.n, off.partial) == (0, 60, True)
     eager = arms["capture=eager"]
-    assert (eager["n"], eager["rate"], eager["ci"]) == (0, None, None)
-    assert eager["runs"][0]["reason"] == "health timeout"
+    assert (eager.n, eager.rate, eager.ci) == (0, None, None)
+    assert eager.runs[0].reason == "health timeout"
     # the report lists every run that failed, was interrupted or lost sessions to errors, with why
     problems = {(p["arm"], p["repetition"], p["status"]): p for p in report_json(SPEC, runs)["problem_runs"]}
     assert set(problems) == {
@@ -254,28 +253,28 @@ def test_throughput_falls_back_to_per_run_tok_s():
 )
 def test_judge(counts, p_holm, verdict, text):
     out = judge(*counts, p_holm, SPEC, family_size=4)
-    assert out["verdict"] == verdict
-    assert text in out["note"]
+    assert out.verdict == verdict
+    assert text in out.note
 
 
 def test_inconclusive_reports_sessions_needed_at_the_baseline_rate():
     out = judge(9, 60, 7, 60, 0.8, SPEC, family_size=4)
     need = stats.sessions_needed(9 / 60, SPEC.min_effect * 9 / 60, SPEC.alpha / 4, 0.8)
-    assert out["sessions_needed_per_arm"] == need
-    assert out["more_sessions"] == {"baseline": need - 60, "treatment": need - 60}
+    assert out.sessions_needed_per_arm == need
+    assert out.more_sessions == MoreSessions(baseline=need - 60, treatment=need - 60)
     # correlated runs: the same counts need more sessions, and the bound is wider
     wide = judge(9, 60, 7, 60, 0.8, SPEC, family_size=4, deff=(2.0, 2.0))
-    assert wide["sessions_needed_per_arm"] == stats.sessions_needed(0.15, 0.075, SPEC.alpha / 4, 0.8, 2.0)
-    assert wide["sessions_needed_per_arm"] >= 2 * need - 1
+    assert wide.sessions_needed_per_arm == stats.sessions_needed(0.15, 0.075, SPEC.alpha / 4, 0.8, 2.0)
+    assert wide.sessions_needed_per_arm >= 2 * need - 1
 
 
 def test_exoneration_is_relative_to_the_bug():
     """A true cause of a 2-3% bug: an absolute 5-point margin exonerated it; half the baseline's rate
     does not, while a 15% bug with a truly unchanged rate can be exonerated with enough sessions."""
     absolute = StudySpec(name="a", baseline=BASE, hypotheses=HYPS, min_effect=0.05, min_effect_relative=False)
-    assert judge(4, 180, 2, 180, 0.7, absolute, 4)["verdict"] == "exonerated"
-    assert judge(4, 180, 2, 180, 0.7, SPEC, 4)["verdict"] == "inconclusive"
-    assert judge(600, 4000, 610, 4000, 0.8, SPEC, 4)["verdict"] == "exonerated"
+    assert judge(4, 180, 2, 180, 0.7, absolute, 4).verdict == "exonerated"
+    assert judge(4, 180, 2, 180, 0.7, SPEC, 4).verdict == "inconclusive"
+    assert judge(600, 4000, 610, 4000, 0.8, SPEC, 4).verdict == "exonerated"
 
 
 def test_analysis_is_deterministic_and_order_free():

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator import analysis
 from orchestrator.analysis import RunRecord, StudySpec, cause, stats
+from orchestrator.analysis.study import analyse, arm_label, between_runs, pool_arms
 from orchestrator.config.schema import Hypothesis
 from orchestrator.report.render import dumps, render_markdown
 from orchestrator.study.rehearse import ArmTruth, draw_counts, study_runs
@@ -29,7 +29,7 @@ TWO_BY_TWO_CAUSE = {"capture": "graph", "multi_stream": "on"}
 
 def runs_of(changes: dict[str, str], per_run: list[tuple[int, int]], conditions=None) -> list[RunRecord]:
     levels = {**BASE, **changes}
-    label = analysis.arm_label(levels, BASE)
+    label = arm_label(levels, BASE)
     return [
         RunRecord(
             run_id=f"{label}-{rep}",
@@ -239,7 +239,7 @@ def test_arms_of_another_workload_are_left_out():
 
 
 def test_the_report_shows_the_minimal_cause_after_the_hypotheses_sentence_first():
-    report = analysis.analyse(SPEC, dsv4_runs())
+    report = analyse(SPEC, dsv4_runs())
     md = render_markdown(report)
     assert md.index("## Hypotheses") < md.index("## Minimal cause") < md.index("## Arms")
     section = md.split("## Minimal cause\n\n")[1].split("\n## ")[0]
@@ -283,8 +283,7 @@ def test_price_bonett_interval_of_an_interaction_near_zero_covers_by_simulation(
 
 def truth_arms(changes_and_rates: list[tuple[dict[str, str], float]], icc: float) -> list[ArmTruth]:
     return [
-        ArmTruth(analysis.arm_label({**BASE, **c}, BASE), {**BASE, **c}, rate, icc)
-        for c, rate in changes_and_rates
+        ArmTruth(arm_label({**BASE, **c}, BASE), {**BASE, **c}, rate, icc) for c, rate in changes_and_rates
     ]
 
 
@@ -315,8 +314,8 @@ def simulated_blocks(
             else r
             for r in study_runs(arms, counts[study], sessions)
         ]
-        between = analysis.between_runs(records, SPEC)
-        blocks.append(cause.minimal_cause(analysis.pool_arms(records, SPEC, between), SPEC, between.icc))
+        between = between_runs(records, SPEC)
+        blocks.append(cause.minimal_cause(pool_arms(records, SPEC, between), SPEC, between.icc))
     return blocks
 
 
@@ -333,7 +332,7 @@ def simulated_blocks(
 )
 def test_monte_carlo_reports_exactly_the_true_conjunction(name, truth, expected, icc, runs, sessions):
     blocks = simulated_blocks(truth, icc, runs, sessions, seed=int(icc * 1000) + len(truth))
-    assert {b["verdict"] for b in blocks} <= set(cause.VERDICTS)
+    assert {b["verdict"] for b in blocks} <= set(cause.CAUSE_SENTENCES)
     assert {a["state"] for b in blocks for a in b["arms"]} <= set(cause.STATES)
     exact = sum(levels_found(b) == [expected] for b in blocks) / STUDIES
     wrong = sum(bool(b["conjunctions"]) and levels_found(b) != [expected] for b in blocks) / STUDIES

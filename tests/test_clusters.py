@@ -1,6 +1,6 @@
 """Where the arms ran (report.json `clusters`, the report's "## Clusters"): hand-made runs with and without
 cluster and lease tags, the cluster check's test on the runs model, and a Monte Carlo through the same
-pure function the report uses (`analysis.clusters_block`)."""
+pure function the report uses (`study.clusters_block`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestrator import analysis
-from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, stats
+from orchestrator.analysis import HypothesisSpec, RunRecord, StudySpec, analyse, arm_label, stats, study
 from orchestrator.analysis.result import StudyResult, to_json
 from orchestrator.analysis.runs import placement_of
 from orchestrator.report.render import clusters_section, dumps, duration, render_markdown
@@ -381,16 +380,16 @@ def alarm_rate(rng: np.random.Generator, arms, studies: int, **kw) -> float:
 def plain_and_check(runs: list[RunRecord]) -> tuple[bool, bool, bool]:
     """Whether each alarms: a plain binomial test (Fisher's on each arm's clusters, Holm), the check's
     test with its ICC plugged in as if known (no t reference), and the report's check."""
-    block = analysis.clusters_block(SPEC, runs)
-    arms = [[c["run_counts"] for c in a["cells"].values()] for a in block["by_arm"] if len(a["cells"]) > 1]
-    icc = block["check"]["icc"]["icc"]
+    block = study.clusters_block(SPEC, runs)
+    arms = [[c.run_counts for c in a.cells.values()] for a in block.by_arm if len(a.cells) > 1]
+    icc = block.check.icc.icc
 
     def alarms(ps: list[float]) -> bool:
         return bool(ps) and min(stats.holm(ps)) < SPEC.alpha
 
     plain = alarms([stats.runs_split_test(cells, 0.0) for cells in arms])
     plugged = alarms([stats.runs_split_test(cells, icc) for cells in arms])
-    return plain, plugged, block["check"]["alarm"]
+    return plain, plugged, block.check.alarm
 
 
 def test_monte_carlo_restart_variation_alone_rarely_alarms():
@@ -443,4 +442,4 @@ def test_the_block_is_order_free_and_the_one_analyse_reports():
     runs = two_cluster_runs()
     result = analyse(SPEC, runs)
     assert dumps(analyse(SPEC, runs[::-1])) == dumps(result)
-    assert to_json(result)["clusters"] == analysis.clusters_block(SPEC, runs)
+    assert result.clusters == study.clusters_block(SPEC, runs)

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.analysis import RunRecord, arm_decode_load
-from orchestrator.analysis.result import ArmDecodeLoad, from_json
+from orchestrator.analysis import RunRecord
+from orchestrator.analysis.result import ArmDecodeLoad, RunLoad
+from orchestrator.analysis.study import arm_decode_load
 from orchestrator.arm import ArmStart, StressThenBench, prepare, run_arm
 from orchestrator.config.load import load_job
 from orchestrator.remote.local import LocalTransport
@@ -212,18 +213,17 @@ def _measured(mean: float, planned: int = 60) -> dict:
 def test_arm_decode_load_over_the_runs_and_the_report_sentences():
     assert arm_decode_load([_run(0, {})]) is None  # runs logged before it: no field to show
     full = arm_decode_load([_run(0, _measured(56.0)), _run(1, _measured(58.0))])
-    assert full["mean"] == 57.0 and full["fraction"] == pytest.approx(0.95) and not full["short"]
-    assert (full["runs"], full["runs_measured"], full["unknown"]) == (2, 2, [])
+    assert full.mean == 57.0 and full.fraction == pytest.approx(0.95) and not full.short
+    assert (full.runs, full.runs_measured, full.unknown) == (2, 2, ())
     short = arm_decode_load(
         [_run(0, _measured(30.0)), _run(1, {"planned": 60, "measured": False, "unknown": "404"})]
     )
-    assert short["short"] and short["runs_measured"] == 1 and short["unknown"] == ["404"]
-    assert short["per_run"][1] == {"repetition": 1, "mean": None, "p50": None, "max": None, "unknown": "404"}
+    assert short.short and short.runs_measured == 1 and short.unknown == ("404",)
+    assert short.per_run[1] == RunLoad(repetition=1, mean=None, p50=None, max=None, unknown="404")
 
-    def arm(label: str, load: dict | None) -> SimpleNamespace:
+    def arm(label: str, load: ArmDecodeLoad | None) -> SimpleNamespace:
         # what the section reads of an arm: its label and its typed decode load
-        typed = None if load is None else from_json(ArmDecodeLoad, load)
-        return SimpleNamespace(label=label, decode_load=typed)
+        return SimpleNamespace(label=label, decode_load=load)
 
     md = "\n".join(
         decode_load_section([arm("baseline", full), arm("multi_stream=off", short), arm("old", None)])
@@ -260,4 +260,4 @@ def test_an_arm_records_the_decode_load_it_reached(compose_cfg, tmp_path: Path):
     assert "decode_load.json" in {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "stress")}
     record = _record(run, (), {})
     assert record.decode_load["measured"] and record.decode_load["planned"] == 6
-    assert arm_decode_load([record])["runs_measured"] == 1
+    assert arm_decode_load([record]).runs_measured == 1

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from orchestrator.analysis import verdict_groups
-from orchestrator.analysis.result import to_json
+from orchestrator.analysis.result import HypothesisRow, from_json, to_json
+from orchestrator.analysis.study import verdict_groups
 from orchestrator.report.check import disagreements
 from orchestrator.report.consistency import SHAPES, check_shape
 from tests import warm
@@ -95,7 +95,7 @@ def test_a_headline_that_implicates_nothing_names_every_other_verdict_as_the_hyp
     for row in report["hypotheses"]:
         row["verdict"] = verdicts.get(row["id"], "exonerated")
     listed = "No hypothesis implicated (baseline corruption 9/240 (3.8%))" + verdict_groups(
-        report["hypotheses"]
+        [from_json(HypothesisRow, row) for row in report["hypotheses"]]
     )
     report["headline"] = listed + "."
     assert (

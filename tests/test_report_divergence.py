@@ -9,13 +9,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.analysis import analyse, headline, oracle_phrase
 from orchestrator.analysis.divergence import AFTER_CHARS, BEFORE_CHARS, example
 from orchestrator.analysis.result import StudyResult, from_json
 from orchestrator.analysis.runs import RunRecord
+from orchestrator.analysis.study import analyse, headline, oracle_phrase
 from orchestrator.config.schema import StudyConf
 from orchestrator.report import check, rebuild
 from orchestrator.report.pipeline import StudyCallback
@@ -211,6 +212,7 @@ def test_the_oracle_phrase_is_todays_text_for_tool_calls_and_names_the_other_ora
         == "judged corrupted by your reproducer in 3/20 sessions (15.0%)"
     )
     spec = StudyConf.from_dict({"name": "t", "baseline": {"ms": "on"}, "hypotheses": []})
+    # what the headline reads of the baseline arm
     arm = {
         "label": "baseline",
         "signature": "s",
@@ -223,7 +225,7 @@ def test_the_oracle_phrase_is_todays_text_for_tool_calls_and_names_the_other_ora
         ({}, "baseline corruption 3/20 (15.0%)"),
         ({"workload.oracle": "reproducer"}, "baseline judged corrupted by your reproducer in 3/20 sessions"),
     ):
-        assert words in headline(spec, [{**arm, "conditions": oracle}], [], None)
+        assert words in headline(spec, [SimpleNamespace(**arm, conditions=oracle)], [], None)
 
 
 def test_an_example_keeps_a_bounded_excerpt_around_the_first_difference():
@@ -233,10 +235,10 @@ def test_an_example_keeps_a_bounded_excerpt_around_the_first_difference():
     artifact["under_load"]["text"] = common + "beta " * 300
     run = RunRecord(run_id="r1", status="FINISHED", signature="x", repetition=0, factors={})
     ex = example(artifact, run)
-    assert ex["at"] == len(common) and ex["start"] == len(common) - BEFORE_CHARS
-    assert ex["reference"]["excerpt"] == (common + "alpha " * 300)[ex["start"] : len(common) + AFTER_CHARS]
-    assert ex["reference"]["chars"] == len(common) + 6 * 300
-    assert len(ex["under_load"]["excerpt"]) == BEFORE_CHARS + AFTER_CHARS
+    assert ex.at == len(common) and ex.start == len(common) - BEFORE_CHARS
+    assert ex.reference.excerpt == (common + "alpha " * 300)[ex.start : len(common) + AFTER_CHARS]
+    assert ex.reference.chars == len(common) + 6 * 300
+    assert len(ex.under_load.excerpt) == BEFORE_CHARS + AFTER_CHARS
 
 
 @pytest.mark.slow

@@ -10,9 +10,9 @@ import json
 import shutil
 from pathlib import Path
 
-from orchestrator.analysis import analyse
 from orchestrator.analysis.result import ABSENT, StudyResult, from_json
 from orchestrator.analysis.runs import machine_of
+from orchestrator.analysis.study import analyse
 from orchestrator.report import check, rebuild
 from orchestrator.report.pipeline import StudyCallback, build_report
 from orchestrator.report.render import render_markdown

@@ -29,7 +29,7 @@ Method, and why:
 - **Limits**: what the run combinations cannot rule out, in words (`block_limits`): e.g. one factor at
   a time never changes two conjuncts together, so the conjunction is the smallest form consistent with
   the arms only if each factor acts alike whatever the others' levels.
-- **Verdict** (`VERDICTS`): "minimal cause found" when one conjunction fits and no undetermined arm
+- **Verdict** (`CAUSE_SENTENCES`): "minimal cause found" when one conjunction fits and no undetermined arm
   would change it were it on the side of the ceiling its rate lies; "undetermined" when one would (or
   nothing is shown corrupting yet), with `provisional`, the conjunctions the undetermined arms lean to:
   a pointer to what more sessions would likely show, not a finding.
@@ -43,12 +43,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.analysis import stats
+from orchestrator.analysis.result import Arm
 from orchestrator.analysis.states import STATES, ArmState, Item, StatePolicy, arm_states
 from orchestrator.config.schema import StudyConf
 
-__all__ = ["STATES", "VERDICTS", "ArmState", "minimal_cause"]
+__all__ = ["CAUSE_SENTENCES", "STATES", "ArmState", "minimal_cause"]
 
-VERDICTS = (
+# the minimal cause's verdict, one of these sentences (the hypotheses' verdicts are `study.VERDICTS`)
+CAUSE_SENTENCES = (
     "minimal cause found",
     "several conjunctions fit",
     "no single conjunction fits",
@@ -62,19 +64,17 @@ MAX_LISTED = 8
 MAX_SEARCH_NODES = 200_000
 
 
-def in_scope(
-    arms: Sequence[Mapping[str, Any]], conditions: Mapping[str, str] | None
-) -> list[Mapping[str, Any]]:
+def in_scope(arms: Sequence[Arm], conditions: Mapping[str, str] | None) -> list[Arm]:
     """The arms of one deployment and workload: `conditions`, or the conditions with most sessions."""
     if conditions is None:
         totals: dict[tuple, int] = {}
         for a in arms:
-            key = tuple(sorted(a["conditions"].items()))
-            totals[key] = totals.get(key, 0) + a["n"]
+            key = tuple(sorted(a.conditions.items()))
+            totals[key] = totals.get(key, 0) + a.n
         if not totals:
             return []
         conditions = dict(max(sorted(totals), key=lambda key: totals[key]))
-    return [a for a in arms if a["conditions"] == dict(conditions)]
+    return [a for a in arms if a.conditions == dict(conditions)]
 
 
 # --- conjunctions ----------------------------------------------------------------------------------
@@ -678,7 +678,7 @@ def block_limits(
 
 
 def minimal_cause(
-    arms: Sequence[Mapping[str, Any]],
+    arms: Sequence[Arm],
     spec: StudyConf,
     icc: float,
     conditions: Mapping[str, str] | None = None,
@@ -693,7 +693,7 @@ def minimal_cause(
     in_conditions = in_scope(arms, conditions)
     if states is None:
         states = arm_states(in_conditions, icc, spec.ceiling, policy)
-    scoped = [states[a["signature"]] for a in in_conditions]
+    scoped = [states[a.signature] for a in in_conditions]
     corrupting = [a for a in scoped if a.state == "corrupting"]
     undetermined = [a for a in scoped if a.state == "undetermined"]
     found, complete = conjunctions(corrupting, [a for a in scoped if a.state == "clean"])

@@ -66,7 +66,7 @@ from orchestrator.config.plan import BAD, GOOD, difference_label
 # attempt v's checks run repetitions v * ATTEMPT_BLOCK onwards: fresh runs (plan.py says why)
 from orchestrator.config.plan import DDMIN_ATTEMPT_BLOCK as ATTEMPT_BLOCK
 
-CORRUPTING, CLEAN, UNDECIDED = "corrupting", "clean", "undecided"
+CORRUPTING, CLEAN, UNDETERMINED = "corrupting", "clean", "undetermined"
 
 # what a fixed one-at-a-time sweep over the differences would give each arm (the dsv4 study's starts)
 ONE_AT_A_TIME_STARTS = 4
@@ -139,7 +139,7 @@ def verdict_of(
     if ev.under >= log_threshold:
         return CLEAN, ev
     if len(runs) >= max_runs:
-        return UNDECIDED, ev
+        return UNDETERMINED, ev
     return None, ev
 
 
@@ -293,7 +293,7 @@ def in_blocks(runs: RunsByRepetition, blocks: Callable[[int], bool]) -> list[tup
     return [tuple(runs[r]) for r in sorted(runs) if blocks(block_of(r))]  # type: ignore[misc]
 
 
-def study_icc(runs_by_subset: Mapping[Subset, RunsByRepetition], assumed: float) -> float:
+def search_icc(runs_by_subset: Mapping[Subset, RunsByRepetition], assumed: float) -> float:
     """The ICC the checks use: estimated from every subset's runs, all blocks pooled (as the other
     designs do), never below the study's assumed one."""
     return plug_in_icc([list(r.values()) for r in runs_by_subset.values()], assumed)
@@ -313,7 +313,7 @@ def search(
 ) -> Search:
     """Replay the search on the runs so far (module doc): every check's verdict and steering lean, and
     the subsets needing runs next, or the answer."""
-    icc = study_icc(runs_by_subset, settings.assumed_icc)
+    icc = search_icc(runs_by_subset, settings.assumed_icc)
     trials: list[Trial] = []
     steps: list[str] = []
     everything = frozenset(ids)
@@ -332,7 +332,7 @@ def search(
 
     def said(trial: Trial) -> str:
         """A check's answer: its verdict, or when its budget is spent the way its evidence leans."""
-        if trial.verdict == UNDECIDED:
+        if trial.verdict == UNDETERMINED:
             return CORRUPTING if trial.evidence.over > trial.evidence.under else CLEAN
         return str(trial.verdict)
 
@@ -429,11 +429,11 @@ def search(
 
 def error_bound(result: Search) -> tuple[float, str]:
     """The chance that some check of the search is wrong (the sum of the alphas spent), and whether
-    the bound covers the answer (not when a check was left undecided)."""
+    the bound covers the answer (not when a check was left undetermined)."""
     spent = sum(t.alpha for t in result.trials if t.check)
-    undecided = [t for t in result.trials if t.check and t.verdict == UNDECIDED]
-    if undecided:
-        return spent, f"not covered: {len(undecided)} check(s) undecided within the run budget"
+    undetermined = [t for t in result.trials if t.check and t.verdict == UNDETERMINED]
+    if undetermined:
+        return spent, f"not covered: {len(undetermined)} check(s) undetermined within the run budget"
     return spent, "covers the answer"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.analysis.result import ArmDivergence, DivergedOutput, DivergenceExample
 from orchestrator.analysis.runs import DIVERGENCE, RunRecord, example_run, oracle_of, run_used
 
 # what an example keeps of each output around the first difference: the common text before it, and each
@@ -25,7 +26,7 @@ BEFORE_CHARS = 240
 AFTER_CHARS = 480
 
 
-def arm_divergence(conditions: Mapping[str, str], runs: Sequence[RunRecord]) -> dict[str, Any] | None:
+def arm_divergence(conditions: Mapping[str, str], runs: Sequence[RunRecord]) -> ArmDivergence | None:
     """An arm's divergence block (None for an arm of another oracle): the first differing position and
     turn of each diverged session of its pooled runs, the basis they were compared on, the reference
     pass's seconds (and the stress phases' that include them), and its example."""
@@ -43,19 +44,19 @@ def arm_divergence(conditions: Mapping[str, str], runs: Sequence[RunRecord]) -> 
     stress = [r.stress_s for r in referenced]
     chosen = example_run(runs)
     found = chosen.divergence_example if chosen is not None else None
-    return {
-        "positions": positions,
-        "turns": turns,
-        "basis": {name: count for name, count in sorted(basis.items()) if count},
-        "early_tokens": _int(conditions.get("workload.early_tokens")),
-        "reference_runs": len(referenced),
-        "reference_s": round(reference_s, 3),
-        "reference_sessions": sum(int(r.reference.get("sessions") or 0) for r in referenced),
-        "reference_errored": sum(int(r.reference.get("errored") or 0) for r in referenced),
+    return ArmDivergence(
+        positions=tuple(positions),
+        turns=tuple(turns),
+        basis={name: count for name, count in sorted(basis.items()) if count},
+        early_tokens=_int(conditions.get("workload.early_tokens")),
+        reference_runs=len(referenced),
+        reference_s=round(reference_s, 3),
+        reference_sessions=sum(int(r.reference.get("sessions") or 0) for r in referenced),
+        reference_errored=sum(int(r.reference.get("errored") or 0) for r in referenced),
         # the stress phase's seconds of the same runs (the reference pass is part of them), where all know it
-        "stress_s": round(sum(stress), 3) if referenced and None not in stress else None,
-        "example": example(found, chosen) if found is not None and chosen is not None else None,
-    }
+        stress_s=round(sum(stress), 3) if referenced and None not in stress else None,
+        example=example(found, chosen) if found is not None and chosen is not None else None,
+    )
 
 
 def _int(text: str | None) -> int | None:
@@ -65,7 +66,7 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def example(artifact: Mapping[str, Any], run: RunRecord) -> dict[str, Any]:
+def example(artifact: Mapping[str, Any], run: RunRecord) -> DivergenceExample:
     """One diverged session as a report shows it: where it first differed (turn, position, both tokens
     there) and both outputs around that point, bounded: the common text before the first differing
     character (at most BEFORE_CHARS of it) and each output's next AFTER_CHARS from there."""
@@ -79,31 +80,31 @@ def example(artifact: Mapping[str, Any], run: RunRecord) -> dict[str, Any]:
         min(len(ref_text), len(load_text)),
     )
     start = max(0, at - BEFORE_CHARS)
-    return {
-        "run_id": run.run_id,
-        "repetition": run.repetition,
-        "session_id": str(artifact.get("session_id", "")),
-        "turn": int(artifact.get("round_index") or 0),
-        "detector": str(finding.get("detector", "")),
-        "position": int(diff.get("position") or 0),
-        "basis": str(diff.get("basis", "")),
-        "reference_token": str(diff.get("reference", "")),
-        "under_load_token": str(diff.get("under_load", "")),
-        "start": start,
-        "at": at,
-        "reference": {
-            "excerpt": ref_text[start : at + AFTER_CHARS],
-            "chars": len(ref_text),
-            "finish_reason": ref["finish_reason"],
-            "completion_tokens": ref["completion_tokens"],
-        },
-        "under_load": {
-            "excerpt": load_text[start : at + AFTER_CHARS],
-            "chars": len(load_text),
-            "finish_reason": load["finish_reason"],
-            "completion_tokens": load["completion_tokens"],
-        },
-    }
+    return DivergenceExample(
+        run_id=run.run_id,
+        repetition=run.repetition,
+        session_id=str(artifact.get("session_id", "")),
+        turn=int(artifact.get("round_index") or 0),
+        detector=str(finding.get("detector", "")),
+        position=int(diff.get("position") or 0),
+        basis=str(diff.get("basis", "")),
+        reference_token=str(diff.get("reference", "")),
+        under_load_token=str(diff.get("under_load", "")),
+        start=start,
+        at=at,
+        reference=_excerpt(ref, start, at),
+        under_load=_excerpt(load, start, at),
+    )
+
+
+def _excerpt(output: Mapping[str, Any], start: int, at: int) -> DivergedOutput:
+    """One output as an example shows it: its text from `start`, up to AFTER_CHARS past the difference."""
+    return DivergedOutput(
+        excerpt=output["text"][start : at + AFTER_CHARS],
+        chars=len(output["text"]),
+        finish_reason=output["finish_reason"],
+        completion_tokens=output["completion_tokens"],
+    )
 
 
 def _output(value: Any) -> dict[str, Any]:

@@ -12,8 +12,8 @@ reports stay as they were.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from orchestrator.analysis.result import MachineRow, Machines
 from orchestrator.analysis.runs import MACHINE_KEYS, MACHINE_SIGNS, RunRecord
 
 # RunRecord.machine's keys (the provenance tags' names) -> report.json's
@@ -35,7 +35,7 @@ def _role_key(role: str) -> tuple[int, str]:
     return (ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER), role)
 
 
-def machines_block(runs: Sequence[RunRecord]) -> dict[str, Any] | None:
+def machines_block(runs: Sequence[RunRecord]) -> Machines | None:
     """report.json's `machines`: `rows` (role, the machine's fields, the ids of the runs that had it; by
     role, the machine most runs had first, then by each one's first run in `runs`' order), `differs`
     (role -> the fields that differ between its runs; empty when every role ran on one machine),
@@ -49,16 +49,18 @@ def machines_block(runs: Sequence[RunRecord]) -> dict[str, Any] | None:
             values = tuple(found.get(key) for key in MACHINE_KEYS)
             combos.setdefault((role, values), []).append(r.run_id)
     rows = [
-        {"role": role, **{FIELDS[k]: v for k, v in zip(MACHINE_KEYS, values, strict=True)}, "runs": ids}
+        MachineRow(
+            role=role, **{FIELDS[k]: v for k, v in zip(MACHINE_KEYS, values, strict=True)}, runs=tuple(ids)
+        )
         # by role; within a role, the machine most runs ran on first (ties: the first run's order)
         for (role, values), ids in sorted(
             combos.items(), key=lambda item: (_role_key(item[0][0]), -len(item[1]))
         )
     ]
-    differs: dict[str, list[str]] = {}
-    for role in sorted({row["role"] for row in rows}, key=_role_key):
-        mine = [row for row in rows if row["role"] == role]
-        fields = [f for f in FIELDS.values() if len({row[f] for row in mine}) > 1]
+    differs: dict[str, tuple[str, ...]] = {}
+    for role in sorted({row.role for row in rows}, key=_role_key):
+        mine = [row for row in rows if row.role == role]
+        fields = tuple(f for f in FIELDS.values() if len({getattr(row, f) for row in mine}) > 1)
         if fields:
             differs[role] = fields
-    return {"rows": rows, "differs": differs, "unrecorded": sum(1 for r in runs if not r.machine)}
+    return Machines(rows=tuple(rows), differs=differs, unrecorded=sum(1 for r in runs if not r.machine))

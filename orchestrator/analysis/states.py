@@ -35,10 +35,10 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.analysis import stats
 from orchestrator.analysis.ddmin import STEER
+from orchestrator.analysis.result import Arm, ArmStateRow, Policy, Trial
 
 STATES = ("corrupting", "clean", "undetermined")
 
@@ -78,16 +78,17 @@ class StatePolicy:
             f"ceiling, corrupting when wholly over it, else undetermined. Every section reads these states"
         ) + by_design.get(design or "", "")
 
-    def to_dict(self, ceiling: float, icc: float, design: str | None = None) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "design": design,
-            "alpha": self.alpha,
-            "confidence": self.confidence,
-            "ceiling": ceiling,
-            "icc": icc,
-            "text": self.describe(ceiling, icc, design),
-        }
+    def report_row(self, ceiling: float, icc: float, design: str | None = None) -> Policy:
+        """report.json's `policy`."""
+        return Policy(
+            name=self.name,
+            design=design,
+            alpha=self.alpha,
+            confidence=self.confidence,
+            ceiling=ceiling,
+            icc=icc,
+            text=self.describe(ceiling, icc, design),
+        )
 
 
 @dataclass(frozen=True)
@@ -123,32 +124,32 @@ class ArmState:
     def counts(self) -> str:
         return f"{self.corrupted}/{self.n}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def report_row(self) -> ArmStateRow:
         """report.json's `arm_states[]` entry."""
-        return {
-            "label": self.label,
-            "signature": self.signature,
-            "factors": dict(self.factors),
-            "corrupted": self.corrupted,
-            "n": self.n,
-            "rate": self.rate,
-            "state": self.state,
-            "bounds": list(self.bounds) if self.bounds else None,
-            "confidence": self.confidence,
-            "leaning": self.leaning,
-            "sessions_needed": self.sessions_needed,
-            "source": self.source,
-        }
+        return ArmStateRow(
+            label=self.label,
+            signature=self.signature,
+            factors=dict(self.factors),
+            corrupted=self.corrupted,
+            n=self.n,
+            rate=self.rate,
+            state=self.state,
+            bounds=tuple(self.bounds) if self.bounds else None,
+            confidence=self.confidence,
+            leaning=self.leaning,
+            sessions_needed=self.sessions_needed,
+            source=self.source,
+        )
 
 
-def classify(arm: Mapping[str, Any], icc: float, ceiling: float, confidence: float) -> ArmState:
+def classify(arm: Arm, icc: float, ceiling: float, confidence: float) -> ArmState:
     """An arm's state against the ceiling from its runs' bounds at `confidence` (two-sided)."""
-    n, k = int(arm["n"]), int(arm["corrupted"])
-    deff = float(arm.get("design_effect") or 1.0)
+    n, k = arm.n, arm.corrupted
+    deff = float(arm.design_effect or 1.0)
     common = {
-        "label": arm["label"],
-        "signature": arm["signature"],
-        "factors": dict(arm["factors"]),
+        "label": arm.label,
+        "signature": arm.signature,
+        "factors": dict(arm.factors),
         "corrupted": k,
         "n": n,
         "design_effect": deff,
@@ -156,7 +157,7 @@ def classify(arm: Mapping[str, Any], icc: float, ceiling: float, confidence: flo
     }
     if n == 0:
         return ArmState(**common, state="undetermined", bounds=None, leaning=None)
-    lo, hi = stats.runs_interval(arm["run_counts"], icc, confidence)
+    lo, hi = stats.runs_interval(arm.run_counts, icc, confidence)
     if hi < ceiling:
         return ArmState(**common, state="clean", bounds=(lo, hi), leaning="clean")
     if lo > ceiling:
@@ -173,11 +174,9 @@ def classify(arm: Mapping[str, Any], icc: float, ceiling: float, confidence: flo
     )
 
 
-def arm_states(
-    arms: Sequence[Mapping[str, Any]], icc: float, ceiling: float, policy: StatePolicy
-) -> dict[str, ArmState]:
+def arm_states(arms: Sequence[Arm], icc: float, ceiling: float, policy: StatePolicy) -> dict[str, ArmState]:
     """signature -> the arm's one state under the study's policy (module doc)."""
-    return {a["signature"]: classify(a, icc, ceiling, policy.confidence) for a in arms}
+    return {a.signature: classify(a, icc, ceiling, policy.confidence) for a in arms}
 
 
 # --- the designs whose own tests judge some arms ----------------------------------------------------------
@@ -185,7 +184,7 @@ def arm_states(
 
 def _judged(state: ArmState, verdict: str, source: str) -> ArmState:
     if verdict not in STATES:
-        verdict = "undetermined"  # a trial still running, or undecided at its budget
+        verdict = "undetermined"  # a trial still running (no verdict yet)
     leaning = state.leaning if verdict == "undetermined" else verdict
     return dataclasses.replace(state, state=verdict, leaning=leaning, source=source)
 
@@ -209,7 +208,7 @@ def sequential_states(
 
 
 def ddmin_states(
-    states: Mapping[str, ArmState], trials: Sequence[Mapping[str, Any]], ids: Sequence[str]
+    states: Mapping[str, ArmState], trials: Sequence[Trial], ids: Sequence[str]
 ) -> dict[str, ArmState]:
     """A ddmin study's states: each subset the search checked is judged by its own check (anytime-valid
     e-values at its planned share of alpha, ddmin.test_alpha), the design's multiplicity; the arm that
@@ -221,14 +220,14 @@ def ddmin_states(
         for signature, state in out.items()
     }
     for trial in ddmin_checks(trials):
-        signature = by_subset.get(frozenset(trial["subset"]))
+        signature = by_subset.get(frozenset(trial.subset))
         if signature is not None:
-            out[signature] = _judged(out[signature], trial["verdict"] or "undetermined", "ddmin")
+            out[signature] = _judged(out[signature], trial.verdict or "undetermined", "ddmin")
     return out
 
 
-def ddmin_checks(trials: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """A ddmin search's checks (report.json's trials without the steering's leans), the last one of each
-    subset only: what judges the subset's arm."""
-    last = {frozenset(t["subset"]): t for t in trials if t["role"] != STEER}
+def ddmin_checks(trials: Sequence[Trial]) -> list[Trial]:
+    """A ddmin search's checks (its trials without the steering's leans), the last one of each subset
+    only: what judges the subset's arm."""
+    last = {frozenset(t.subset): t for t in trials if t.role != STEER}
     return list(last.values())

@@ -78,8 +78,9 @@ import numpy as np
 from scipy import optimize, special
 from scipy import stats as sps
 
+from orchestrator.config.checks import TESTS
+
 CONFIDENCE = 0.95
-TESTS = ("fisher", "boschloo")
 
 
 def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -329,6 +330,12 @@ def _runs_bound(k: int, sizes: tuple[int, ...], icc: float, tail: float, upper: 
     )
 
 
+def exact_icc(icc: float) -> float:
+    """The ICC the exact runs computations use: within [0, 0.999] (1 would make every run all or
+    nothing), to 4 decimals (more than any estimate supports, and a cache key that repeats)."""
+    return round(max(0.0, min(icc, 0.999)), 4)
+
+
 def runs_interval(
     run_counts: Sequence[Sequence[int]], icc: float, confidence: float = CONFIDENCE
 ) -> tuple[float, float]:
@@ -336,7 +343,7 @@ def runs_interval(
     a run have intra-class correlation `icc` (beta-binomial); Clopper-Pearson when icc is 0."""
     k = sum(int(c[0]) for c in run_counts)
     n = sum(int(c[1]) for c in run_counts)
-    icc = round(max(0.0, min(icc, 0.999)), 4)  # 4 decimals: more than any estimate supports
+    icc = exact_icc(icc)
     if icc == 0 or n <= 0:
         return clopper_pearson(k, n, confidence)
     sizes = tuple(sorted(int(c[1]) for c in run_counts if c[1] > 0))
@@ -352,7 +359,7 @@ def runs_tails(run_counts: Sequence[Sequence[int]], q: float, icc: float) -> tup
     its interval at confidence c excludes q exactly when 2 x the smaller tail < 1 - c."""
     k = sum(int(c[0]) for c in run_counts)
     n = sum(int(c[1]) for c in run_counts)
-    icc = round(max(0.0, min(icc, 0.999)), 4)  # as runs_interval rounds it
+    icc = exact_icc(icc)
     if icc == 0 or n <= 0:
         return float(sps.binom.cdf(k, n, q)), float(sps.binom.sf(k - 1, n, q))
     sizes = tuple(sorted(int(c[1]) for c in run_counts if c[1] > 0))
@@ -404,7 +411,7 @@ def runs_split_test(groups: Sequence[Sequence[Sequence[int]]], icc: float) -> fl
     sessions of a run have intra-class correlation `icc`: the exact conditional test on the runs model
     (module doc); Fisher's exact test when icc is 0. 1.0 without corruption or without two groups."""
     groups = [g for g in groups if sum(int(c[1]) for c in g) > 0]
-    icc = round(max(0.0, min(icc, 0.999)), 4)  # as runs_interval rounds it
+    icc = exact_icc(icc)
     if len(groups) < 2:
         return 1.0
     if len(groups) == 2:

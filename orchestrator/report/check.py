@@ -28,8 +28,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis import HEADLINE_GROUPS
+from orchestrator.analysis.result import Trial, from_json
 from orchestrator.analysis.states import ddmin_checks
+from orchestrator.analysis.study import HEADLINE_GROUPS
 
 TOLERANCE = 1e-9
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
@@ -191,13 +192,13 @@ def _ddmin_problems(block: Mapping[str, Any] | None, arms: Sequence[Mapping[str,
         if a["signature"] in states
     }
     out = []
-    for trial in ddmin_checks(block.get("trials") or []):
-        sig = by_subset.get(frozenset(trial["subset"]))
+    for trial in ddmin_checks([from_json(Trial, t) for t in block.get("trials") or []]):
+        sig = by_subset.get(frozenset(trial.subset))
         if sig is None:
             continue
-        said = trial["verdict"] if trial["verdict"] in ("clean", "corrupting") else "undetermined"
+        said = trial.verdict if trial.verdict in ("clean", "corrupting") else "undetermined"
         if states[sig]["state"] != said:
-            out.append(f"ddmin trial {trial['label']}: {said}, its arm's state is {states[sig]['state']}")
+            out.append(f"ddmin trial {trial.label}: {said}, its arm's state is {states[sig]['state']}")
     return out
 
 

@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis import oracle_phrase
 from orchestrator.analysis.cost import FIGURES
 from orchestrator.analysis.ddmin import STEER
 from orchestrator.analysis.result import (
@@ -50,6 +49,7 @@ from orchestrator.analysis.result import (
     to_json,
 )
 from orchestrator.analysis.runs import symptom_of
+from orchestrator.analysis.study import oracle_phrase
 from orchestrator.config.shell import command_line
 from orchestrator.workload.decode_load import SHORT_FRACTION
 

@@ -394,7 +394,7 @@ def analyse_study(
 ) -> Any:
     """`analysis.analyse` under the design `context["design"]` names: with its own block in the report (a
     sequential study's stopping trace, a ddmin search)."""
-    from orchestrator.analysis import analyse
+    from orchestrator.analysis.study import analyse
 
     return analyse(spec, runs, context, conditions, design=for_report((context or {}).get("design"), spec))
 
