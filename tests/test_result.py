@@ -17,6 +17,7 @@ from orchestrator.analysis.result import (
     ResultError,
     StudyResult,
     from_json,
+    report_schema,
     to_json,
 )
 from orchestrator.report import rebuild
@@ -157,3 +158,30 @@ def test_a_cost_model_of_mixed_sources_reads_the_same_rebuilt_from_report_json()
     written = render_markdown(result, "sqlite:///m.db")
     assert "restart_s from measured" in written
     assert render_markdown(rebuilt, "sqlite:///m.db") == written
+
+
+def test_the_committed_json_schema_is_the_one_the_types_give():
+    """report.schema.json is generated from the dataclasses (`result.report_schema`), never written by hand:
+    regenerate it with `python -m orchestrator.report --schema > orchestrator/report/report.schema.json`."""
+    committed = json.loads((ROOT / "orchestrator/report/report.schema.json").read_text())
+    assert committed == report_schema()
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_schema_refuses_what_from_json_refuses(shape: str):
+    import jsonschema
+
+    _, one = SHAPES[shape]()
+    data = json.loads(dumps(one(np.random.default_rng(5))))
+    validator = jsonschema.Draft202012Validator(report_schema())
+    assert list(validator.iter_errors(data)) == []
+    for change in (
+        lambda d: d["arms"][0].update(foo=1),  # an unknown key
+        lambda d: d["arms"][0].pop("n"),  # a missing one
+        lambda d: d["arms"][0].update(state="maybe"),  # a state that is none of the three
+    ):
+        bad = json.loads(json.dumps(data))
+        change(bad)
+        assert list(validator.iter_errors(bad)), change
+        with pytest.raises(ResultError):
+            from_json(StudyResult, bad)

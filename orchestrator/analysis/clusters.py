@@ -42,6 +42,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.analysis import stats
+from orchestrator.analysis.result import (
+    Balance,
+    Cell,
+    CheckIcc,
+    ClusterArm,
+    ClusterCheck,
+    ClusterCounts,
+    Clusters,
+    ClusterTest,
+    Lease,
+    PlacedRun,
+)
 from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 UNKNOWN = "unknown"
@@ -78,7 +90,7 @@ def _arm_key(item: tuple[str, str]) -> tuple:
 
 def arms_by_cluster(
     runs: Sequence[Any], baseline: Mapping[str, str], used: Callable[[Any], bool], identity: Callable
-) -> list[dict[str, Any]]:
+) -> list[ClusterArm]:
     """Per arm (its identity), per cluster: the used runs, their sessions and corrupted, the rate, and
     the arm's share of used runs per known cluster."""
     arms: dict[tuple[str, str], dict[str, list[Any]]] = {}
@@ -88,29 +100,25 @@ def arms_by_cluster(
             cells.setdefault(cluster_of(run), []).append(run)
     rows = []
     for (label, signature), cells in sorted(arms.items(), key=lambda item: _arm_key(item[0])):
-        out = {}
-        for name in _cluster_order(set(cells)):
-            group = cells[name]
-            n = sum(r.corrupted + r.clean for r in group)
-            k = sum(r.corrupted for r in group)
-            out[name] = {
-                "runs": len(group),
-                "sessions": n,
-                "corrupted": k,
-                "rate": k / n if n else None,
-                "run_counts": [[r.corrupted, r.corrupted + r.clean] for r in sorted(group, key=_rep)],
-            }
-        known = {c: v["runs"] for c, v in out.items() if c != UNKNOWN}
+        out = {name: _cell(cells[name]) for name in _cluster_order(set(cells))}
+        known = {c: v.runs for c, v in out.items() if c != UNKNOWN}
         total = sum(known.values())
-        rows.append(
-            {
-                "label": label,
-                "signature": signature,
-                "cells": out,
-                "share": {c: v / total for c, v in known.items()} if total else {},
-            }
-        )
+        share = {c: v / total for c, v in known.items()} if total else {}
+        rows.append(ClusterArm(label=label, signature=signature, cells=out, share=share))
     return rows
+
+
+def _cell(group: Sequence[Any]) -> Cell:
+    """One arm's used runs on one cluster."""
+    n = sum(r.corrupted + r.clean for r in group)
+    k = sum(r.corrupted for r in group)
+    return Cell(
+        runs=len(group),
+        sessions=n,
+        corrupted=k,
+        rate=k / n if n else None,
+        run_counts=tuple((r.corrupted, r.corrupted + r.clean) for r in sorted(group, key=_rep)),
+    )
 
 
 def _rep(run: Any) -> tuple:
@@ -129,7 +137,7 @@ def _union_s(intervals: list[tuple[datetime, datetime]]) -> float:
     return busy
 
 
-def leases(runs: Sequence[Any], baseline: Mapping[str, str]) -> list[dict[str, Any]]:
+def leases(runs: Sequence[Any], baseline: Mapping[str, str]) -> list[Lease]:
     """Per cluster with lease tags: how its leases were held (`lease.by`), the pool members, the arms and
     runs that held it, first start, last end, busy time (the union of the intervals), the time leases
     overlapped (two holders at once: 0 unless something held a member outside the pool) and the leases
@@ -155,59 +163,56 @@ def leases(runs: Sequence[Any], baseline: Mapping[str, str]) -> list[dict[str, A
         first, last = (min(starts) if starts else None), (max(ends) if ends else None)
         span = (last - first).total_seconds() if first and last and last >= first else None
         out.append(
-            {
-                "cluster": name,
-                "pools": sorted(
-                    {r.placement["cluster_pool"] for r in group if "cluster_pool" in r.placement}
+            Lease(
+                cluster=name,
+                pools=_tags(group, "cluster_pool"),
+                members=_tags(group, "cluster_pool.member"),
+                by=_tags(group, "lease.by"),
+                arms=tuple(
+                    sorted({_label(r, baseline) for r in group}, key=lambda s: (s != BASELINE_LABEL, s))
                 ),
-                "members": sorted(
-                    {
-                        r.placement["cluster_pool.member"]
-                        for r in group
-                        if "cluster_pool.member" in r.placement
-                    }
-                ),
-                "by": sorted({r.placement["lease.by"] for r in group if "lease.by" in r.placement}),
-                "arms": sorted({_label(r, baseline) for r in group}, key=lambda s: (s != BASELINE_LABEL, s)),
-                "runs": len(group),
-                "first_start": first.isoformat(timespec="microseconds") if first else None,
-                "last_end": last.isoformat(timespec="microseconds") if last else None,
-                "busy_s": round(busy, 6),
-                "span_s": round(span, 6) if span is not None else None,
-                "busy_fraction": round(busy / span, 6) if span else None,
-                "overlap_s": round(leased_s - busy, 6),
-                "open": open_runs,
-            }
+                runs=len(group),
+                first_start=first.isoformat(timespec="microseconds") if first else None,
+                last_end=last.isoformat(timespec="microseconds") if last else None,
+                busy_s=round(busy, 6),
+                span_s=round(span, 6) if span is not None else None,
+                busy_fraction=round(busy / span, 6) if span else None,
+                overlap_s=round(leased_s - busy, 6),
+                open=open_runs,
+            )
         )
     return out
 
 
-def _run_entry(run: Any, baseline: Mapping[str, str], identity: Callable, reason_tag: str) -> dict[str, Any]:
-    return {
-        "arm": _label(run, baseline),
-        "signature": identity(run),
-        "run_id": run.run_id,
-        "repetition": run.repetition,
-        "status": run.status,
-        "cluster": cluster_of(run),
-        "member": run.placement.get("cluster_pool.member"),
-        "lease_start": run.placement.get("lease.start"),
-        "lease_end": run.placement.get("lease.end"),
-        "reason": run.placement.get(reason_tag) or run.reason,
-    }
+def _tags(runs: Sequence[Any], tag: str) -> tuple[str, ...]:
+    """The distinct values of a placement tag over these runs, sorted."""
+    return tuple(sorted({r.placement[tag] for r in runs if tag in r.placement}))
 
 
-def _counts(cell: Mapping[str, Any]) -> str:
-    return f"{cell['corrupted']}/{cell['sessions']} ({cell['rate']:.1%})" if cell["sessions"] else "0/0"
+def _run_entry(run: Any, baseline: Mapping[str, str], identity: Callable, reason_tag: str) -> PlacedRun:
+    return PlacedRun(
+        arm=_label(run, baseline),
+        signature=identity(run),
+        run_id=run.run_id,
+        repetition=run.repetition,
+        status=run.status,
+        cluster=cluster_of(run),
+        member=run.placement.get("cluster_pool.member"),
+        lease_start=run.placement.get("lease.start"),
+        lease_end=run.placement.get("lease.end"),
+        reason=run.placement.get(reason_tag) or run.reason,
+    )
 
 
-def cluster_icc(
-    arms: Sequence[Mapping[str, Any]], assumed: float, between: stats.Dispersion
-) -> tuple[float, int, dict[str, Any]]:
+def _counts(cell: ClusterCounts) -> str:
+    return f"{cell.corrupted}/{cell.sessions} ({cell.rate:.1%})" if cell.sessions else "0/0"
+
+
+def cluster_icc(arms: Sequence[ClusterArm], assumed: float, between: stats.Dispersion) -> CheckIcc:
     """The ICC the check uses, its degrees of freedom (0: taken as known) and how it was found: within
     (arm, cluster) cells, floored at `assumed`; else the study's (`between`, as `analysis.between_runs`
     found it: within arms, or assumed) (module doc)."""
-    cells = [c["run_counts"] for a in arms for c in a["cells"].values()]
+    cells = [c.run_counts for a in arms for c in a.cells.values()]
     found = stats.dispersion(cells)
     if found.estimated:
         icc = stats.floored(found, assumed).icc
@@ -221,8 +226,7 @@ def cluster_icc(
             )
             + f"; p-values referred to Student's t on {_df(found.df)}"
         )
-        how = {"source": "within clusters", "dispersion": found.phi, "df": found.df, "icc": icc, "note": note}
-        return icc, found.df, how
+        return CheckIcc(source="within clusters", dispersion=found.phi, df=found.df, icc=icc, note=note)
     if between.estimated:
         note = (
             f"no arm has two runs with corruption on one cluster, so the restart variation cannot be "
@@ -236,82 +240,97 @@ def cluster_icc(
             f"{between.icc:g} (study.assumed_icc), so a difference between clusters may be restart variation"
         )
         source = "assumed"
-    return between.icc, 0, {"source": source, "dispersion": None, "df": 0, "icc": between.icc, "note": note}
+    return CheckIcc(source=source, dispersion=None, df=0, icc=between.icc, note=note)
 
 
 def _df(df: int) -> str:
     return f"{df} degree{'s' if df != 1 else ''} of freedom"
 
 
-def effect_check(arms: Sequence[Mapping[str, Any]], spec: Any, between: stats.Dispersion) -> dict[str, Any]:
+def effect_check(arms: Sequence[ClusterArm], spec: Any, between: stats.Dispersion) -> ClusterCheck:
     """Whether an arm's rate differs between the clusters it ran on beyond restart variation (module
     doc): per arm with used runs on two or more known clusters, its clusters' counts, the p-value on the
     runs model and Holm's; a verdict line."""
     alpha = float(spec.alpha)
-    icc, df, how = cluster_icc(arms, float(getattr(spec, "assumed_icc", 0.0)), between)
-    rows = []
-    for a in arms:
-        known = {c: v for c, v in a["cells"].items() if c != UNKNOWN and v["sessions"]}
-        if len(known) < 2:
-            continue
-        k = sum(v["corrupted"] for v in known.values())
-        n = sum(v["sessions"] for v in known.values())
-        testable = 0 < k < n
-        p = None
-        if testable:
-            p = stats.t_reference(stats.runs_split_test([v["run_counts"] for v in known.values()], icc), df)
-        rows.append(
-            {
-                "label": a["label"],
-                "signature": a["signature"],
-                "clusters": {
-                    c: {x: v[x] for x in ("runs", "sessions", "corrupted", "rate")} for c, v in known.items()
-                },
-                "tested": testable,
-                "p": p,
-                "p_holm": None,
-                "differs": False,
-                "note": ""
-                if testable
-                else f"nothing to compare: {'no' if k == 0 else 'every'} session corrupted ({k}/{n})",
-            }
-        )
-    tested = [r for r in rows if r["tested"]]
-    for row, adjusted in zip(tested, stats.holm([r["p"] for r in tested]), strict=True):
-        row["p_holm"] = adjusted
-        row["differs"] = adjusted < alpha
-    return {
-        "method": (
+    icc = cluster_icc(arms, float(getattr(spec, "assumed_icc", 0.0)), between)
+    compared = [(a, known) for a in arms if len(known := _known_cells(a)) >= 2]
+    ps = [_split_p(known, icc) for _, known in compared]
+    # Holm across the arms tested, in their order
+    holm = iter(stats.holm([p for p in ps if p is not None]))
+    rows = [
+        _cluster_test(a, known, p, None if p is None else next(holm), alpha)
+        for (a, known), p in zip(compared, ps, strict=True)
+    ]
+    tested = [r for r in rows if r.tested]
+    return ClusterCheck(
+        method=(
             "per arm, the exact conditional test of one rate on every cluster on the runs model, each run "
             "beta-binomial with the restart-to-restart ICC; Holm across the arms tested"
         ),
-        "alpha": alpha,
-        "icc": how,
-        "arms": rows,
-        "tested": len(tested),
-        "alarm": any(r["differs"] for r in rows),
-        "verdict": _verdict(rows, tested, alpha),
+        alpha=alpha,
+        icc=icc,
+        arms=tuple(rows),
+        tested=len(tested),
+        alarm=any(r.differs for r in rows),
+        verdict=_verdict(rows, tested, alpha),
+    )
+
+
+def _known_cells(arm: ClusterArm) -> dict[str, Cell]:
+    """An arm's cells on a known cluster, with sessions."""
+    return {c: v for c, v in arm.cells.items() if c != UNKNOWN and v.sessions}
+
+
+def _split_p(known: Mapping[str, Cell], icc: CheckIcc) -> float | None:
+    """The p-value of one rate on every cluster; None with nothing to compare (no session corrupted, or
+    every one)."""
+    k = sum(v.corrupted for v in known.values())
+    n = sum(v.sessions for v in known.values())
+    if not 0 < k < n:
+        return None
+    return stats.t_reference(stats.runs_split_test([v.run_counts for v in known.values()], icc.icc), icc.df)
+
+
+def _cluster_test(
+    arm: ClusterArm, known: Mapping[str, Cell], p: float | None, p_holm: float | None, alpha: float
+) -> ClusterTest:
+    k = sum(v.corrupted for v in known.values())
+    n = sum(v.sessions for v in known.values())
+    counts = {
+        c: ClusterCounts(runs=v.runs, sessions=v.sessions, corrupted=v.corrupted, rate=v.rate)
+        for c, v in known.items()
     }
+    nothing = f"nothing to compare: {'no' if k == 0 else 'every'} session corrupted ({k}/{n})"
+    return ClusterTest(
+        label=arm.label,
+        signature=arm.signature,
+        clusters=counts,
+        tested=p is not None,
+        p=p,
+        p_holm=p_holm,
+        differs=p_holm is not None and p_holm < alpha,
+        note="" if p is not None else nothing,
+    )
 
 
-def _verdict(rows: Sequence[Mapping[str, Any]], tested: Sequence[Mapping[str, Any]], alpha: float) -> str:
+def _verdict(rows: Sequence[ClusterTest], tested: Sequence[ClusterTest], alpha: float) -> str:
     if not rows:
         return "not checked: no arm has used runs on two clusters"
     if not tested:
         return "not checked: no arm that ran on two clusters has corruption to compare"
-    differs = [r for r in tested if r["differs"]]
+    differs = [r for r in tested if r.differs]
     family = f"Holm over {len(tested)} arm{'s' if len(tested) != 1 else ''}, alpha {alpha:g}"
     if not differs:
-        lowest = min(r["p_holm"] for r in tested)
+        lowest = min(r.p_holm for r in tested if r.p_holm is not None)
         return f"no cluster effect seen (p >= {_p(lowest)}, {family})"
     parts = []
     for r in differs:
-        by_rate = sorted(r["clusters"].items(), key=lambda item: (-(item[1]["rate"] or 0.0), item[0]))
+        by_rate = sorted(r.clusters.items(), key=lambda item: (-(item[1].rate or 0.0), item[0]))
         (hi_name, hi), (lo_name, lo) = by_rate[0], by_rate[-1]
         parts.append(
-            f"cluster {hi_name}'s rate differs from {lo_name}'s for arm {r['label']} "
-            f"({hi_name} {_counts(hi)} vs {lo_name} {_counts(lo)}, p = {_p(r['p'])}, "
-            f"{_p(r['p_holm'])} after {family})"
+            f"cluster {hi_name}'s rate differs from {lo_name}'s for arm {r.label} "
+            f"({hi_name} {_counts(hi)} vs {lo_name} {_counts(lo)}, p = {_p(r.p or 0.0)}, "
+            f"{_p(r.p_holm or 0.0)} after {family})"
         )
     return (
         "; ".join(parts)
@@ -324,7 +343,7 @@ def _p(p: float) -> str:
     return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
 
 
-def balance(arms: Sequence[Mapping[str, Any]], clusters: Sequence[str]) -> dict[str, Any] | None:
+def balance(arms: Sequence[ClusterArm], clusters: Sequence[str]) -> Balance | None:
     """Whether every arm's used runs are spread over every known cluster as evenly as their number
     allows; each arm's share per cluster. None with fewer than two clusters."""
     known = [c for c in clusters if c != UNKNOWN]
@@ -332,25 +351,25 @@ def balance(arms: Sequence[Mapping[str, Any]], clusters: Sequence[str]) -> dict[
         return None
     uneven = []
     for a in arms:
-        runs = [a["cells"].get(c, {}).get("runs", 0) for c in known]
+        runs = [a.cells[c].runs if c in a.cells else 0 for c in known]
         if sum(runs) and max(runs) - min(runs) > 1:
             uneven.append(a)
     if not uneven:
         note = f"balanced: each arm's runs are split over {', '.join(known)} as evenly as their number allows"
     else:
         shares = "; ".join(
-            f"{a['label']} " + ", ".join(f"{a['share'].get(c, 0.0):.0%} {c}" for c in known) for a in uneven
+            f"{a.label} " + ", ".join(f"{a.share.get(c, 0.0):.0%} {c}" for c in known) for a in uneven
         )
         note = f"not balanced over {', '.join(known)}: {shares}"
-    return {
-        "balanced": not uneven,
-        "shares": {a["label"] + (f" ({a['signature']})" if _dup(arms, a) else ""): a["share"] for a in arms},
-        "note": note,
-    }
+    return Balance(
+        balanced=not uneven,
+        shares={a.label + (f" ({a.signature})" if _dup(arms, a) else ""): a.share for a in arms},
+        note=note,
+    )
 
 
-def _dup(arms: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> bool:
-    return sum(a["label"] == arm["label"] for a in arms) > 1
+def _dup(arms: Sequence[ClusterArm], arm: ClusterArm) -> bool:
+    return sum(a.label == arm.label for a in arms) > 1
 
 
 def clusters_report(
@@ -359,7 +378,7 @@ def clusters_report(
     used: Callable[[Any], bool],
     identity: Callable[[Any], str],
     between: stats.Dispersion,
-) -> dict[str, Any] | None:
+) -> Clusters | None:
     """report.json's `clusters`: None when no run carries a cluster tag (module doc)."""
     if not any(run.placement.get("cluster") for run in runs):
         return None
@@ -384,21 +403,21 @@ def clusters_report(
         )
     lost = [r for r in runs if r.placement.get("lease.lost")]
     recovered = [r for r in runs if r.placement.get("lease.recovered_from")]
-    return {
-        "clusters": known,
-        "unknown_runs": unknown,
-        "pools": sorted({r.placement["cluster_pool"] for r in runs if r.placement.get("cluster_pool")}),
-        "sentence": sentence,
-        "by_arm": arms,
-        "leases": leases(runs, spec.baseline),
-        "lost": [_run_entry(r, spec.baseline, identity, "lease.lost") for r in sorted(lost, key=_order)],
-        "recovered": [
+    return Clusters(
+        clusters=tuple(known),
+        unknown_runs=unknown,
+        pools=tuple(sorted({r.placement["cluster_pool"] for r in runs if r.placement.get("cluster_pool")})),
+        sentence=sentence,
+        by_arm=tuple(arms),
+        leases=tuple(leases(runs, spec.baseline)),
+        lost=tuple(_run_entry(r, spec.baseline, identity, "lease.lost") for r in sorted(lost, key=_order)),
+        recovered=tuple(
             _run_entry(r, spec.baseline, identity, "lease.recovered_from")
             for r in sorted(recovered, key=_order)
-        ],
-        "check": effect_check(arms, spec, between),
-        "balance": balance(arms, names),
-    }
+        ),
+        check=effect_check(arms, spec, between),
+        balance=balance(arms, names),
+    )
 
 
 def _order(run: Any) -> tuple:

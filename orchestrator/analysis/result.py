@@ -1,12 +1,16 @@
-"""The typed study result: report.json as frozen dataclasses, between analysis and rendering.
+"""The typed study result: report.json as frozen dataclasses, from analysis to rendering.
 
-`analysis.analyse` builds report.json's content and returns it as a `StudyResult` (`from_json`); the
-Markdown, the plots, the MLflow headline and report.json itself (`to_json`) read that one object.
+`analysis.study.analyse` builds these from the start, each question's function returning its own part,
+and returns a `StudyResult`; the Markdown, the plots, the MLflow headline and report.json itself
+(`to_json`) read that one object.
 
 The converter is driven by type hints: a dataclass is a JSON object with exactly its fields, `tuple[X, ...]`
 (or `list[X]`) an array, `Mapping[str, X]` / `dict[str, X]` an object with free keys (factors, conditions,
-config, ...), `X | None` null or X, `Any` a value kept as it is. `from_json` refuses an unknown key and a
-missing one, naming its path (`arms[2].foo`), so analysis and these types cannot drift apart.
+config, ...), `X | None` null or X, `Literal[...]` one of its values, `Any` a value kept as it is.
+`from_json` refuses an unknown key and a missing one, naming its path (`arms[2].foo`). The same walk of
+the same hints gives report.json's JSON Schema (`json_schema`; orchestrator/report/report.schema.json is
+its output, committed, and a test keeps the two equal): the JSON, its reader and its schema have one
+definition, these dataclasses.
 
 Absent vs null: a field whose default is `ABSENT` may be left out of report.json (a key only some designs
 write, e.g. a hypothesis' `evidence`, only in sequential studies); `from_json` gives ABSENT for a missing
@@ -20,7 +24,7 @@ import dataclasses
 import functools
 import types
 from collections.abc import Callable, Mapping
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from orchestrator.config.schema import StudyConf
 
@@ -43,6 +47,11 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()
+
+# an arm's one state against the ceiling (analysis/states.py), what judged it, and a hypothesis' verdict
+State = Literal["corrupting", "clean", "undetermined"]
+StateSource = Literal["interval", "sequential", "ddmin"]
+Verdict = Literal["implicated", "partial", "exonerated", "inconclusive"]
 
 
 class ResultError(ValueError):
@@ -194,7 +203,7 @@ class Arm:
     config: Mapping[str, Any]
     throughput: tuple[ThroughputLevel, ...]
     decode_load: ArmDecodeLoad | None
-    state: str | None
+    state: State | None
     # an arm judged by the differential oracle (workload.oracle=divergence); absent for the other oracles
     divergence: ArmDivergence | None = ABSENT
 
@@ -209,17 +218,17 @@ class ArmStateRow:
     corrupted: int
     n: int
     rate: float | None
-    state: str
+    state: State
     bounds: tuple[float, ...] | None
     confidence: float | None
     leaning: str | None
     sessions_needed: int | None
-    source: str
+    source: StateSource
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    name: str
+    name: Literal["per-arm"]
     design: str | None
     alpha: float
     confidence: float
@@ -281,11 +290,11 @@ class HypothesisRow:
     p: float
     p_holm: float
     test: str
-    verdict: str
+    verdict: Verdict
     note: str
     sessions_needed_per_arm: int | None
     more_sessions: MoreSessions | None
-    treatment_state: str | None
+    treatment_state: State | None
     # a sequential study's last look (None before any look); absent in a fixed design
     evidence: Evidence | None = ABSENT
 
@@ -505,7 +514,7 @@ class CauseArm:
     label: str
     signature: str
     factors: Mapping[str, str]
-    state: str
+    state: State
     bounds: tuple[float, ...] | None
     counts: tuple[int, ...]
     confidence: float | None
@@ -823,6 +832,8 @@ def _loader(tp: Any) -> Loader:
             raise TypeError(f"only `X | None` unions are supported, not {tp}")
         inner = _loader(others[0])
         return lambda value: None if value is None else inner(value)
+    if origin is Literal:
+        return _literal_loader(get_args(tp))
     if origin in (tuple, list):
         return _array_loader(_loader(get_args(tp)[0]), tuple if origin is tuple else list)
     if origin in (dict, Mapping):
@@ -832,6 +843,15 @@ def _loader(tp: Any) -> Loader:
     if tp in _PRIMITIVES:
         return _primitive_loader(tp, _PRIMITIVES[tp])
     raise TypeError(f"unsupported type {tp!r}")
+
+
+def _literal_loader(values: tuple[Any, ...]) -> Loader:
+    def load(value: Any) -> Any:
+        if value not in values or isinstance(value, bool) != isinstance(values[0], bool):
+            raise ResultError(f"expected one of {list(values)}, got {value!r}")
+        return value
+
+    return load
 
 
 def _array_loader(item: Loader, make: type) -> Loader:
@@ -908,3 +928,68 @@ def to_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
     return obj
+
+
+# --- the JSON Schema ---------------------------------------------------------------------------------
+
+_SCHEMA_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of `cls` as `from_json` reads it: each dataclass a `$defs` entry, an
+    object with exactly its keys (those whose default is ABSENT not required), the rest as `_loader`."""
+    defs: dict[str, Any] = {}
+    root = _schema(cls, defs)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **root,
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def _schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    origin = get_origin(tp)
+    if tp is Any:
+        return {}
+    if origin in (Union, types.UnionType):
+        inner = next(a for a in get_args(tp) if a is not type(None))
+        return {"anyOf": [_schema(inner, defs), {"type": "null"}]}
+    if origin is Literal:
+        return {"enum": list(get_args(tp))}
+    if origin in (tuple, list):
+        return {"type": "array", "items": _schema(get_args(tp)[0], defs)}
+    if origin in (dict, Mapping):
+        return {"type": "object", "additionalProperties": _schema(get_args(tp)[1], defs)}
+    if dataclasses.is_dataclass(tp):
+        if tp.__name__ not in defs:
+            defs[tp.__name__] = {}  # a placeholder first: a type may name itself
+            defs[tp.__name__] = _object_schema(tp, defs)
+        return {"$ref": f"#/$defs/{tp.__name__}"}
+    if tp in _SCHEMA_TYPES:
+        return {"type": _SCHEMA_TYPES[tp]}
+    raise TypeError(f"unsupported type {tp!r}")
+
+
+def _object_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    return {
+        "type": "object",
+        "properties": {_key(f): _schema(hints[f.name], defs) for f in fields},
+        "required": [_key(f) for f in fields if f.default is not ABSENT],
+        "additionalProperties": False,
+    }
+
+
+def report_schema() -> dict[str, Any]:
+    """report.json's JSON Schema: orchestrator/report/report.schema.json is this, committed (regenerate it
+    with `python -m orchestrator.report --schema > orchestrator/report/report.schema.json`)."""
+    return {
+        "$id": "heisenhunt/report.schema.json",
+        "title": "heisenhunt report.json",
+        "description": (
+            "A study's report, generated from its types (orchestrator/analysis/result.py), which "
+            "orchestrator.analysis.analyse returns; checked by python -m orchestrator.report --check."
+        ),
+        **json_schema(StudyResult),
+    }

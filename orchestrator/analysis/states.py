@@ -35,12 +35,13 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 from orchestrator.analysis import stats
 from orchestrator.analysis.ddmin import STEER
-from orchestrator.analysis.result import Arm, ArmStateRow, Policy, Trial
+from orchestrator.analysis.result import Arm, ArmStateRow, Policy, State, Trial
 
-STATES = ("corrupting", "clean", "undetermined")
+STATES = get_args(State)  # corrupting, clean, undetermined
 
 Item = tuple[str, str]  # (factor, level)
 

@@ -62,7 +62,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from orchestrator.analysis import cause, clusters, cost, ddmin, stats
 from orchestrator.analysis.divergence import arm_divergence
@@ -89,6 +89,7 @@ from orchestrator.analysis.result import (
     StudyResult,
     ThroughputLevel,
     ThroughputRow,
+    Verdict,
     from_json,
 )
 from orchestrator.analysis.runs import LevelSample, RunRecord, identity, oracle_of, run_used, symptom_of
@@ -112,7 +113,8 @@ from orchestrator.workload.detect import DEFAULT_COUNTED, FAMILIES, ORACLES
 # policy), read by every section
 SCHEMA_VERSION = 2
 
-VERDICTS = ("implicated", "partial", "exonerated", "inconclusive")
+# a hypothesis' verdicts (the minimal cause's are `cause.CAUSE_SENTENCES`)
+VERDICTS = get_args(Verdict)
 POWER = 0.8
 N_BOOT = 2000
 
@@ -317,7 +319,7 @@ def clusters_block(
         return None
     if between is None:
         between = between_runs(runs, spec)
-    return from_json(Clusters, clusters.clusters_report(spec, runs, run_used, identity, between))
+    return clusters.clusters_report(spec, runs, run_used, identity, between)
 
 
 def between_summary(between: stats.Dispersion) -> BetweenRuns:

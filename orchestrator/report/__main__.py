@@ -4,6 +4,7 @@ report.json files for sections that contradict each other (`--check FILE...`, re
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -38,7 +39,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="REPORT_JSON",
         help="judge this report.json's runs again with today's analysis (no MLflow store needed), into OUT",
     )
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="print report.json's JSON Schema, generated from its types (report/report.schema.json is this)",
+    )
     args = parser.parse_args(argv)
+    if args.schema:
+        from orchestrator.analysis.result import report_schema
+
+        print(json.dumps(report_schema(), indent=1))
+        return 0
     if args.from_report:
         from orchestrator.report.rebuild import rebuild
 
@@ -50,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return check(args.check)
     if not args.study:
-        parser.error("--study is required (or --check FILE..., or --from-report FILE)")
+        parser.error("--study is required (or --check FILE..., --from-report FILE, or --schema)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         result, paths = build_report(
