@@ -32,7 +32,7 @@ alpha / 16 a subset needs 5.8 nats, which two clean starts of 60 do not give at 
   e-values against the study's ceiling, on beta-binomial runs with the study's ICC):
   corrupting (over >= 1 / alpha_j), clean (under >= 1 / alpha_j), or, after
   `study.stopping.max_runs_per_arm` runs, taken the way its evidence leans and reported (the error bound
-  then no longer covers the answer); none before `study.stopping.min_runs_per_arm` runs.
+  then no longer covers the answer); none before two runs (or `study.stopping.min_runs_per_arm`, if more).
 - A check that contradicts its candidate (a necessary difference is not, the candidate is clean) fails
   the attempt; its runs then steer the next one, whose candidate is checked on a new block. At most
   MAX_ATTEMPTS candidates are checked.
@@ -279,7 +279,9 @@ class Settings:
             float(spec.alpha),
             float(spec.ceiling),
             float(spec.assumed_icc),
-            int(spec.stopping.min_runs_per_arm),
+            # a check judges a subset on its own runs, with no other arm's ICC to borrow: two at least
+            # (the sequential design's one-start rule bounds the ICC from the study's other arms)
+            max(2, int(spec.stopping.min_runs_per_arm)),
             int(spec.stopping.max_runs_per_arm),
         )
 
