@@ -49,6 +49,7 @@ LITERAL = {
             "max_sessions": None,
             "futility": True,
             "max_run_sessions": None,
+            "icc_confidence": 0.8,
         },
         "cost": {"restart_s": None, "session_s": None, "bench_s": None, "gpus": None},
         "ddmin": {"differences": []},

@@ -755,7 +755,8 @@ def stopping_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool
             decisions[h.id] = {"verdict": d.verdict, "reason": d.reason}
     return {
         "method": (
-            "e-values by universal inference on beta-binomial runs, closed across hypotheses "
+            "e-values on beta-binomial runs (universal inference; the reduction on the rounds both arms "
+            "ran, given each round's corrupted sessions), closed across hypotheses "
             "(orchestrator/analysis/sequential.py)"
         ),
         "thresholds": {"comparison": th.comparison, "ceiling": th.ceiling},
