@@ -8,8 +8,8 @@ study replays the same sessions, a paired design).
 
 The study is the issue's: three arms the rule treats alike (baseline, index_k=fp8, hicache=off), a few
 starts each, repeated over workload seeds. Three dispersion statistics against the model, each
-sum((count - mean)^2 / variance) over its units, chi-square with as many degrees of freedom (the model's
-q, not an estimate, so the mean is tested too):
+sum((count - their mean)^2) / the model's binomial variance over its units, chi-square with one degree of
+freedom fewer (the mean is tested apart, against the model's q):
 - the starts (each start's count): sessions of one start correlated (a shared RNG, a shared plan, the
   load) shows as over- or under-dispersion here;
 - the arm totals: something shared by the starts of one arm (its configuration, its time on the host);
@@ -60,9 +60,12 @@ rules:
 
 
 def dispersion(counts: list[int], n: int, q: float) -> tuple[float, int, float, float]:
-    """(statistic, df, p of over-dispersion, p of under-dispersion) of binomial counts of n at rate q."""
-    statistic = sum((k - n * q) ** 2 / (n * q * (1 - q)) for k in counts)
-    df = len(counts)
+    """(statistic, df, p of over-dispersion, p of under-dispersion) of counts of n sessions against the
+    model's binomial variance n q (1 - q): their spread about their own mean, so an offset of the mean
+    (tested apart) neither hides nor fakes a spread. Counts all alike give 0 (under-dispersed)."""
+    mean = sum(counts) / len(counts)
+    statistic = sum((k - mean) ** 2 for k in counts) / (n * q * (1 - q))
+    df = len(counts) - 1
     return statistic, df, float(stats.chi2.sf(statistic, df)), float(stats.chi2.cdf(statistic, df))
 
 
@@ -78,6 +81,7 @@ def test_dispersion_statistic_flags_what_it_should():
     shared = rng.beta(q * 19, (1 - q) * 19, 400)  # ICC 1 / (1 + 19) = 0.05
     assert dispersion(list(rng.binomial(n, shared)), n, q)[2] < TAIL
     assert dispersion([round(n * q) + int(i % 3 == 0) for i in range(400)], n, q)[3] < TAIL
+    assert dispersion([round(n * q) - 3] * 18, n, q)[3] < TAIL  # every start alike, off the mean
 
 
 @pytest.mark.slow
