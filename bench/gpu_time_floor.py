@@ -46,9 +46,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special, stats
+from scipy import stats
 
 from orchestrator.analysis.cost import effective_sessions
+from orchestrator.analysis.stats import beta_binomial_kernel, beta_shape
 from orchestrator.study.rehearse import ArmTruth, draw_counts
 
 
@@ -89,8 +90,7 @@ def log_p_all_clean(n: int, ceiling: float, icc: float) -> float:
     """log P(every one of a start's n sessions clean | rate = ceiling), beta-binomial (binomial at ICC 0)."""
     if icc <= 0:
         return n * math.log1p(-ceiling)
-    a, b = ceiling * (1 - icc) / icc, (1 - ceiling) * (1 - icc) / icc
-    return float(special.betaln(a, b + n) - special.betaln(a, b))
+    return float(beta_binomial_kernel(0, n, *beta_shape(ceiling, icc)))
 
 
 def wald_nats(alpha: float, power: float) -> float:

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.analysis.stats import design_effect
+
 FIGURES = ("restart_s", "session_s", "bench_s", "gpus")
 # the sizing never assumes starts vary less than this: the ICC is noisy early (none at the first round),
 # and sizing by an ICC of 0 would put every session on one start. Only efficiency rests on it: the
@@ -123,7 +125,7 @@ def cost_model(study: Any, deployment: Mapping[str, Any] | None, records: Iterab
 
 def effective_sessions(sessions: int, icc: float) -> float:
     """What a start of `sessions` sessions is worth in independent sessions at ICC `icc`."""
-    return sessions / (1 + max(0, sessions - 1) * max(0.0, icc))
+    return sessions / design_effect(icc, sessions)
 
 
 def run_size(cost: CostModel, icc: float, load: int, smallest: int, largest: int) -> int:

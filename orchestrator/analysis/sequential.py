@@ -78,10 +78,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import betaln
 from scipy.stats import chi2
 
-from orchestrator.analysis.stats import dispersion, study_icc
+from orchestrator.analysis.stats import (
+    beta_binomial_kernel,
+    beta_shape,
+    design_effect,
+    dispersion,
+    study_icc,
+)
 from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 CLAIMS = ("reduction", "increase", "equivalence", "under", "over")
@@ -123,9 +128,7 @@ def _run_loglik(k: int, n: int, p: np.ndarray, icc: float) -> np.ndarray:
     if icc <= 0:
         out = k * np.log(p) + (n - k) * np.log1p(-p)
     else:
-        s = 1 / icc - 1
-        a, b = p * s, (1 - p) * s
-        out = betaln(k + a, n - k + b) - betaln(a, b)
+        out = beta_binomial_kernel(k, n, *beta_shape(p, icc))
     return np.where(outside, -np.inf, out)
 
 
@@ -221,8 +224,8 @@ RATIO_GRID = np.geomspace(1 / RATIO_SPAN, 0.99, 48)
 
 def effective(k: float, n: float, icc: float) -> tuple[float, float]:
     """A run's counts as independent sessions at ICC `icc` (Rao-Scott: both divided by the design
-    effect 1 + (n - 1) icc)."""
-    deff = 1 + max(0.0, n - 1) * max(0.0, icc)
+    effect)."""
+    deff = design_effect(icc, n)
     return k / deff, n / deff
 
 

@@ -73,6 +73,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import optimize, special
@@ -290,25 +291,31 @@ def _convolution_power(pmf: np.ndarray, times: int, length: int) -> np.ndarray:
     return result
 
 
+def beta_shape(mean: Any, icc: float) -> tuple[Any, Any]:
+    """Beta(a, b) of a start's rate whose mean is `mean` and whose sessions correlate with ICC `icc`
+    (0 < icc < 1): a = mean (1 - icc) / icc, b = (1 - mean) (1 - icc) / icc. The one statement of the
+    restart model: the analysis, the sequential design and the rehearsal all draw or weigh by it."""
+    scale = (1 - icc) / icc
+    return mean * scale, (1 - mean) * scale
+
+
+def beta_binomial_kernel(k: Any, n: Any, a: Any, b: Any) -> Any:
+    """log P(k of n) for a run whose rate is Beta(a, b), without the binomial coefficient (which cancels
+    in every likelihood ratio)."""
+    return special.betaln(k + a, n - k + b) - special.betaln(a, b)
+
+
 def _beta_binomial_log_pmf(x: np.ndarray, n: int, a: float, b: float) -> np.ndarray:
     """log P(X = x) for X ~ BetaBinomial(n, a, b): one run's count when its rate is Beta(a, b)."""
-    return (
-        special.gammaln(n + 1)
-        - special.gammaln(x + 1)
-        - special.gammaln(n - x + 1)
-        + special.betaln(x + a, n - x + b)
-        - special.betaln(a, b)
-    )
+    coefficient = special.gammaln(n + 1) - special.gammaln(x + 1) - special.gammaln(n - x + 1)
+    return coefficient + beta_binomial_kernel(x, n, a, b)
 
 
 def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:
     """P(total corrupted <= k) over runs of these sizes, each beta-binomial with mean q and ICC icc."""
-    scale = (1 - icc) / icc
-    a, b = q * scale, (1 - q) * scale
+    a, b = beta_shape(q, icc)
     if k == 0:  # every run clean (a clean arm's bound): a product of scalars, no arrays
-        log_clean = sum(
-            sizes.count(n) * (special.betaln(a, b + n) - special.betaln(a, b)) for n in set(sizes)
-        )
+        log_clean = sum(sizes.count(n) * beta_binomial_kernel(0, n, a, b) for n in set(sizes))
         return float(math.exp(log_clean))
     total = np.array([1.0])
     for n in sorted(set(sizes)):
@@ -377,8 +384,7 @@ def _runs_pmf(sizes: Sequence[int], q: float, icc: float, length: int) -> np.nda
         x = np.arange(min(n_all, length - 1) + 1)
         out[: x.size] = sps.binom.pmf(x, n_all, q)
         return out
-    scale = (1 - icc) / icc
-    a, b = q * scale, (1 - q) * scale
+    a, b = beta_shape(q, icc)
     total = np.array([1.0])
     for n in sorted(set(sizes)):
         x = np.arange(min(n, length - 1) + 1)

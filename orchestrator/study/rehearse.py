@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator import analysis
-from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, cost, ddmin
+from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, cost, ddmin, stats
 from orchestrator.analysis.result import StudyResult
 from orchestrator.study import designs
 
@@ -139,8 +139,7 @@ def draw_counts(
             if arm.icc >= 1:
                 rate = (rng.random((studies, runs)) < arm.rate).astype(float)
             else:
-                scale = (1 - arm.icc) / arm.icc
-                rate = rng.beta(arm.rate * scale, (1 - arm.rate) * scale, size=(studies, runs))
+                rate = rng.beta(*stats.beta_shape(arm.rate, arm.icc), size=(studies, runs))
         counts[:, i, :] = rng.binomial(sessions, rate)
     return counts
 
