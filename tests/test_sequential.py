@@ -111,7 +111,7 @@ def test_the_trace_depends_on_the_runs_only_not_on_when_they_were_read():
     hyps = sequential.study_hypotheses(spec)
     first = sequential.trace(spec, hyps, sequential.arm_runs(runs, spec, analysis.run_used))
     again = sequential.trace(spec, hyps, sequential.arm_runs(shuffled, spec, analysis.run_used))
-    assert [look.to_dict() for look in first] == [look.to_dict() for look in again]
+    assert [look.as_result() for look in first] == [look.as_result() for look in again]
 
 
 def test_a_killed_run_is_listed_but_not_pooled_and_its_round_is_rerun_next():
@@ -152,7 +152,7 @@ def test_extending_a_finished_study_continues_its_rounds_with_the_same_evidence(
     hyps = sequential.study_hypotheses(large)
     before = sequential.trace(large, hyps, sequential.arm_runs(first, large, analysis.run_used))
     after = sequential.trace(large, hyps, sequential.arm_runs(extended, large, analysis.run_used))
-    assert [look.to_dict() for look in after[: len(before)]] == [look.to_dict() for look in before]
+    assert [look.as_result() for look in after[: len(before)]] == [look.as_result() for look in before]
     decided = {h.treatment for h in hyps if before[-1].decisions[h.id].verdict is not None}
     added = {analysis.arm_label(r.factors, large.baseline) for r in extended[len(first) :]}
     assert decided and not decided & added  # what the evidence had settled gets no more starts

@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2
 
+from orchestrator.analysis import result
 from orchestrator.analysis.stats import (
     beta_binomial_kernel,
     beta_shape,
@@ -503,17 +504,18 @@ class Look:
     arms_run: tuple[str, ...]
     sessions: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "icc": self.icc,
-            "arms_run": list(self.arms_run),
-            "sessions": self.sessions,
-            "hypotheses": {
-                h: {"evidence": self.evidence[h].as_dict(), "verdict": d.verdict, "reason": d.reason}
+    def as_result(self) -> result.Look:
+        """This look as report.json's trace row."""
+        return result.Look(
+            round=self.round,
+            icc=self.icc,
+            arms_run=tuple(self.arms_run),
+            sessions=self.sessions,
+            hypotheses={
+                h: result.LookRow(result.Evidence(**self.evidence[h].as_dict()), d.verdict, d.reason)
                 for h, d in self.decisions.items()
             },
-        }
+        )
 
 
 @dataclass(frozen=True)
@@ -733,7 +735,7 @@ def arm_runs(records: Sequence[Any], spec: Any, used: Callable[[Any], bool]) -> 
     return out
 
 
-def stopping_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
+def stopping_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> result.Stopping:
     """report.json's `stopping` block: the trace (per round: arms run, ICC, per hypothesis its
     evidence against the thresholds and its decision), the final decisions, sessions spent per arm,
     and what a fixed design running every arm for as many rounds would have spent."""
@@ -750,29 +752,27 @@ def stopping_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool
     for h in hyps:
         d = final.get(h.id)
         if d is None or d.verdict is None:
-            decisions[h.id] = {
-                "verdict": "inconclusive",
-                "reason": "undecided when the study stopped" + (f" ({d.reason})" if d else ""),
-            }
+            why = "undecided when the study stopped" + (f" ({d.reason})" if d else "")
+            decisions[h.id] = result.Decision("inconclusive", why)
         else:
-            decisions[h.id] = {"verdict": d.verdict, "reason": d.reason}
-    return {
-        "method": (
+            decisions[h.id] = result.Decision(d.verdict, d.reason)
+    return result.Stopping(
+        method=(
             "e-values on beta-binomial runs (universal inference; the reduction on the rounds both arms "
             "ran, given each round's corrupted sessions), closed across hypotheses "
             "(orchestrator/analysis/sequential.py)"
         ),
-        "thresholds": {"comparison": th.comparison, "ceiling": th.ceiling},
-        "max_runs_per_arm": spec.stopping.max_runs_per_arm,
-        "max_sessions": spec.stopping.max_sessions,
-        "rounds": rounds,
-        "trace": [look_.to_dict() for look_ in looks],
-        "decisions": decisions,
-        "sessions_per_arm": spent,
-        "sessions": sum(spent.values()),
-        "fixed_design_sessions": len(arms) * rounds * run_size,
-        "benched": sorted(label for label, a in arms.items() if a.benched),
-    }
+        thresholds=result.Thresholds(th.comparison, th.ceiling),
+        max_runs_per_arm=spec.stopping.max_runs_per_arm,
+        max_sessions=spec.stopping.max_sessions,
+        rounds=rounds,
+        trace=tuple(look_.as_result() for look_ in looks),
+        decisions=decisions,
+        sessions_per_arm=spent,
+        sessions=sum(spent.values()),
+        fixed_design_sessions=len(arms) * rounds * run_size,
+        benched=tuple(sorted(label for label, a in arms.items() if a.benched)),
+    )
 
 
 def describe(current: Look, th: Thresholds) -> str:

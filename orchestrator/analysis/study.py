@@ -833,8 +833,8 @@ def analyse(
     hyps = hypotheses(arms, spec, conditions, states)
     # an adaptive design's own block (designs.py): a sequential study's stopping trace, a ddmin search
     block = design.report_block(runs) if design else None
-    # typed where received: sequential.py and ddmin.py still write their blocks as dicts
-    stopping = from_json(Stopping, block) if design and design.name == "sequential" else None
+    # typed where received: ddmin.py still writes its block as a dict
+    stopping = block if isinstance(block, Stopping) else None
     search = from_json(DdminSearch, block) if design and design.name == "ddmin" else None
     if stopping is not None:
         hyps = [sequential_row(row, stopping) for row in hyps]

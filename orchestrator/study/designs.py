@@ -79,7 +79,8 @@ class Design(Protocol):
 
     def next_round(self, records: Sequence[Any], launched: int) -> Round: ...
 
-    def report_block(self, records: Sequence[Any]) -> dict[str, Any] | None: ...
+    # a sequential study's typed stopping trace, a ddmin search's block (still a dict), or nothing
+    def report_block(self, records: Sequence[Any]) -> Any: ...
 
 
 # --- override strings ---------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ class Sequential:
         sized = f" ({size} sessions each)" if size else ""
         return Round(nxt.round, jobs, (*notes, f"round {nxt.round}: {', '.join(nxt.arms)}{sized}"), look)
 
-    def report_block(self, records: Sequence[Any]) -> dict[str, Any]:
+    def report_block(self, records: Sequence[Any]) -> Any:
+        """The study's `result.Stopping` (analysis/sequential.py)."""
         from orchestrator.analysis import sequential
         from orchestrator.analysis.runs import run_used
 

@@ -545,9 +545,9 @@ def one_at_a_time_rehearsal(
     exact, spent = 0, 0
     for _ in range(studies):
         block = design.report_block(rehearsed_study(design, by_label(arms), sessions, rng, kill_rate))
-        implicated = {h for h, d in block["decisions"].items() if d["verdict"] in ("implicated", "partial")}
+        implicated = {h for h, d in block.decisions.items() if d.verdict in ("implicated", "partial")}
         exact += truth is not None and implicated == truth
-        spent += block["sessions"]
+        spent += block.sessions
     return {"exact": exact / studies, "sessions_per_study": spent / studies, "arms": len(arms)}
 
 
