@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.analysis import result
 from orchestrator.analysis.stats import design_effect
 
 FIGURES = ("restart_s", "session_s", "bench_s", "gpus")
@@ -69,14 +70,15 @@ class CostModel:
     def gpu_hours(self, seconds: float) -> float:
         return self.gpus * seconds / 3600
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "restart_s": round(self.restart_s, 3),
-            "session_s": round(self.session_s, 4),
-            "bench_s": round(self.bench_s, 3),
-            "gpus": self.gpus,
-            "sources": dict(self.sources),
-        }
+    def figures(self) -> result.CostFigures:
+        """The model as report.json states it (rounded as a report shows it)."""
+        return result.CostFigures(
+            restart_s=round(self.restart_s, 3),
+            session_s=round(self.session_s, 4),
+            bench_s=round(self.bench_s, 3),
+            gpus=self.gpus,
+            sources=dict(self.sources),
+        )
 
 
 def measured(records: Iterable[Any]) -> dict[str, tuple[float, int]]:
@@ -192,7 +194,7 @@ def cost_block(
     arm_of: Callable[[Any], str],
     fixed_hours: float | None = None,
     remaining_hours: float | None = None,
-) -> dict[str, Any]:
+) -> result.Cost:
     """report.json's `cost` block: the model and where each figure came from, GPU time spent in all and
     per arm (measured where recorded), the same runs by the model alone, and, where the design gives
     them, the fixed design's (by the model: compare it with `model_gpu_hours`) and what is left."""
@@ -200,22 +202,19 @@ def cost_block(
     by_arm: dict[str, list[Any]] = {}
     for r in records:
         by_arm.setdefault(arm_of(r), []).append(r)
-    return {
-        "model": cost.to_dict(),
-        "gpu_hours": round(total.gpu_hours, 4),
-        "wall_s": round(total.wall_s, 1),
-        "starts": total.starts,
-        "sessions": total.sessions,
-        "modelled_runs": total.modelled_runs,
-        "model_gpu_hours": round(total.model_hours, 4),
-        "per_arm": {
-            label: {
-                "gpu_hours": round((s := spent(runs, cost)).gpu_hours, 4),
-                "starts": s.starts,
-                "sessions": s.sessions,
-            }
-            for label, runs in sorted(by_arm.items())
-        },
-        "fixed_design_gpu_hours": None if fixed_hours is None else round(fixed_hours, 4),
-        "remaining_gpu_hours": None if remaining_hours is None else round(remaining_hours, 4),
-    }
+    per_arm = {}
+    for label, runs in sorted(by_arm.items()):
+        s = spent(runs, cost)
+        per_arm[label] = result.ArmCost(round(s.gpu_hours, 4), s.starts, s.sessions)
+    return result.Cost(
+        model=cost.figures(),
+        gpu_hours=round(total.gpu_hours, 4),
+        wall_s=round(total.wall_s, 1),
+        starts=total.starts,
+        sessions=total.sessions,
+        modelled_runs=total.modelled_runs,
+        model_gpu_hours=round(total.model_hours, 4),
+        per_arm=per_arm,
+        fixed_design_gpu_hours=None if fixed_hours is None else round(fixed_hours, 4),
+        remaining_gpu_hours=None if remaining_hours is None else round(remaining_hours, 4),
+    )

@@ -963,10 +963,7 @@ def gpu_time_block(
         open_arms = still_open + 1 if still_open else 0
         left = max(0, max_runs - int(stopping.rounds))
         remaining = cost.fixed_design_hours(model, open_arms, left, smallest) if open_arms else 0.0
-    # cost.py's block is a dict (its typed form is the lead's issue): typed here, where it is received
-    return from_json(
-        Cost, cost.cost_block(model, runs, lambda r: label_of.get(r.run_id, "?"), fixed, remaining)
-    )
+    return cost.cost_block(model, runs, lambda r: label_of.get(r.run_id, "?"), fixed, remaining)
 
 
 def families_counted_by(arm: Arm) -> list[str]:

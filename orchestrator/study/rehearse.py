@@ -53,7 +53,7 @@ import numpy as np
 
 from orchestrator import analysis
 from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, cost, ddmin, stats
-from orchestrator.analysis.result import StudyResult
+from orchestrator.analysis.result import StudyResult, to_json
 from orchestrator.study import designs
 
 DEFAULT_STUDIES = 2000
@@ -258,7 +258,7 @@ def rehearse_design(
     result = tally(spec, truth(spec, arms), reports, studies, seed)
     result["starts_per_study"] = starts / studies
     if cost_model is not None:
-        result["cost"] = cost_model.to_dict()
+        result["cost"] = to_json(cost_model.figures())
         result["gpu_hours_per_study"] = hours / studies
     return result, reports
 
