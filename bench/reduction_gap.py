@@ -9,18 +9,20 @@ ahead, the dsv4 study's 3% ceiling). Not a timing: a statistics probe, through `
 Prints, per number of treatment starts: the mean log e-value of each numerator over the same
 denominator (the sup of the likelihood over the null t >= b), and how often each reaches log 20 (what
 a lone hypothesis needs at alpha 0.05). The columns:
-- shipped: the pair mixture (`sequential.evidence`'s reduction: b log-uniform over [ceiling / 2, 0.99],
-  t log-uniform within a factor 100 below b, half the weight on t ~ 0);
+- shipped: the paired reduction (`sequential.evidence`'s reduction since issue 51: the rounds both arms
+  ran, each conditioned on its corrupted sessions so the baseline's rate drops out, effective counts at
+  the ICC, a prior aimed at the design effect; the 2x2 column's idea, shipped);
 - oracle: the likelihood at the true (b, t) (no valid test knows them: the most any numerator gets);
-- b known: t mixed below the true b, as the shipped prior mixes it; t known: b mixed as shipped;
+- b known: t mixed below the true b, as the pair mixture (the reduction shipped before issue 51, still
+  the "increase" claim's) mixes it; t known: b mixed as that mixture mixes it;
 - plug-in: each arm's next start predicted at its earlier starts' pooled rate ((k + 1/2) / (n + 1)), its
-  first start by the shipped mixture (a valid e-process, the obvious learner of the rates);
+  first start by the pair mixture (a valid e-process, the obvious learner of the rates);
 - 2x2: a safe test of the 2x2 tables, one per round (the treatment's start and the baseline's of the same
   round), each conditioned on its total, so the baseline's rate drops out: the product over rounds of
   Fisher's noncentral hypergeometric likelihood ratios, mixed over the odds ratio (log-uniform on
   [0.01, 1), half the weight near 0). On effective counts (each start's counts over its design effect at
   the true ICC, rounded), so only approximately valid with restart variation, and the baseline's two
-  starts ahead carry nothing. A probe of the issue's idea, not a shipped test.
+  starts ahead carry nothing. The probe that led to the shipped test.
 
 `--null N`: N simulated pairs with no effect (b = t, at 15% and 3%; ICC 0, 0.02, 0.1), and how often the
 2x2 test's e-value ever reaches 20 within 6 rounds, looked at after each (what Ville's inequality bounds

@@ -1,6 +1,7 @@
 """bench/reduction_gap.py: the reduction e-value's numerators on simulated pairs. The oracle (the true
-rates) is the most any numerator gets on average; the shipped mixture sits under both half-oracles and
-under the 2x2 test, which must also keep its error under the null."""
+rates) is the most any numerator gets on average; the shipped paired reduction, which conditions the
+baseline's rate away, is about the 2x2 probe it came from and above a mixture that knows the treatment's
+rate but pays for the baseline's; the 2x2 test must also keep its error under the null."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tests.conftest import script_module
 gap = script_module("bench/reduction_gap.py", "reduction_gap")
 
 
-def test_no_numerator_beats_the_oracle_and_the_shipped_mixture_sits_under_the_half_oracles_and_the_2x2():
+def test_no_numerator_beats_the_oracle_and_the_shipped_reduction_is_the_2x2_probes_and_beats_paying_for_b():
     rng = np.random.default_rng(5)
     rows = np.array(
         [gap.numerators(gap.draw(rng, gap.BASELINE, 6), gap.draw(rng, gap.TREATMENT, 4)) for _ in range(60)]
@@ -19,7 +20,8 @@ def test_no_numerator_beats_the_oracle_and_the_shipped_mixture_sits_under_the_ha
     shipped, oracle, b_known, t_known, plug, two_by_two = rows.mean(0)
     assert np.isfinite(rows).all()
     assert oracle > max(shipped, b_known, t_known, plug, two_by_two)
-    assert min(b_known, t_known, two_by_two) > shipped
+    assert abs(shipped - two_by_two) < 0.5
+    assert shipped > max(t_known, plug)
 
 
 def test_the_2x2_test_rarely_reaches_20_without_an_effect():
