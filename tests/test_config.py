@@ -170,6 +170,7 @@ def test_a_users_own_factor_on_the_searchpath_is_known(compose_cfg, tmp_path):
             ["study.stopping.max_run_sessions=40"],
             ["study.stopping.max_run_sessions: 40", "at least workload.sessions=80"],
         ),
+        (["study.stopping.icc_confidence=1.5"], ["study.stopping.icc_confidence: 1.5", "between 0 and 1"]),
         (["study.cost.restart_s=-1"], ["study.cost.restart_s: -1.0 must be >= 0"]),
         (["deployment.cost.gpus=-8"], ["deployment.cost.gpus: -8 must be >= 0"]),
     ],

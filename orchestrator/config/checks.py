@@ -240,6 +240,11 @@ def check_job(job: JobConf, known: Mapping[str, list[str]]) -> list[str]:
             f"study.stopping.max_sessions: {stopping.max_sessions} must be null or at least one run's "
             f"sessions (workload.sessions={job.workload.sessions})"
         )
+    if not 0 < float(stopping.icc_confidence) < 1:
+        problems.append(
+            f"study.stopping.icc_confidence: {stopping.icc_confidence} must be between 0 and 1 (the "
+            "confidence of the ICC's upper bound a one-start arm is judged at; default 0.8)"
+        )
     largest = stopping.max_run_sessions
     if largest is not None and largest < job.workload.sessions:
         problems.append(
