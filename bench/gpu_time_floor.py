@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from orchestrator.analysis import sequential
 from orchestrator.analysis.cost import effective_sessions
 from orchestrator.analysis.stats import beta_binomial_kernel, beta_shape
 from orchestrator.study.rehearse import ArmTruth, draw_counts
@@ -172,8 +173,6 @@ def _start_rates(
 def one_start_sessions(icc: float, ceiling: float = 0.03, alpha: float = 0.05, largest: int = 50_000) -> int:
     """The sessions one all-clean start needs for the shipped design's "under the ceiling" e-value
     (analysis/sequential.py) to reach 1 / alpha when judged at ICC `icc`."""
-    from orchestrator.analysis import sequential
-
     n = 1
     while n < largest and sequential.evidence([], [[0, n]], icc, ceiling, 0.5).under < math.log(1 / alpha):
         n = max(n + 1, int(n * 1.02))
@@ -184,8 +183,6 @@ def median_icc_bound(icc: float, rounds: int, n: int, studies: int, seed: int) -
     """The median of the upper bound (analysis/sequential.icc_upper_bound, its default confidence) on the
     study ICC after `rounds` starts each of the seed story's two varying arms (15% and 5%), n sessions a
     start: what a zero arm with one start is judged at."""
-    from orchestrator.analysis import sequential
-
     rng = np.random.default_rng(seed)
     arms = [ArmTruth("baseline", {}, 0.15, icc), ArmTruth("hicache", {}, 0.05, icc)]
     counts = draw_counts(arms, rounds, n, studies, rng)

@@ -13,7 +13,13 @@ import pytest
 from orchestrator import analysis
 from orchestrator.analysis import sequential
 from orchestrator.config.schema import StoppingConf, StudyConf
-from orchestrator.study.rehearse import ArmTruth, rehearse_sequential, sequential_study, study_arms
+from orchestrator.study.rehearse import (
+    ArmTruth,
+    draw_counts,
+    rehearse_sequential,
+    sequential_study,
+    study_arms,
+)
 from tests.test_rehearse import SEED_STORY, SPEC
 
 
@@ -177,10 +183,9 @@ def test_the_closed_testing_means_are_every_prefix_s_log_mean_exp_without_overfl
 
 
 def _beta_binomial(rng: np.random.Generator, p: float, icc: float, n: int, shape) -> np.ndarray:
-    if icc <= 0:
-        return rng.binomial(n, p, shape)
-    scale = (1 - icc) / icc
-    return rng.binomial(n, rng.beta(p * scale, (1 - p) * scale, shape))
+    """Corrupted sessions of `shape` (studies, rounds) starts of n sessions, as the rehearsal draws them."""
+    studies, rounds = shape
+    return draw_counts([ArmTruth("arm", {}, p, icc)], rounds, n, studies, rng)[:, 0, :]
 
 
 @pytest.mark.parametrize(("rate", "icc"), [(0.03, 0.0), (0.2, 0.0), (0.05, 0.02), (0.15, 0.1)])

@@ -106,8 +106,8 @@ ICC_STEP = 1e-3
 # the confidence of the ICC's upper bound at which an arm with a single start is judged
 ICC_CONFIDENCE = 0.8
 
-# the prior of "under" and "reduction" puts half its weight on the treatment's rate being ~0 (the
-# alternative that matters most: the change removed the bug), the other half spread as above
+# the prior of "under" puts GONE_WEIGHT on the treatment's rate being ~0 (the alternative that matters
+# most: the change removed the bug), the rest spread as above
 GONE = 1e-6
 GONE_WEIGHT = 0.5
 # Wald's acceptance boundary for the reduction, ln(beta / (1 - alpha)) at power 0.8 and alpha 0.05: a
@@ -195,12 +195,9 @@ def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -
     return top + math.log((1 - w) * spread + w * float(np.exp(gone - top).sum()) / gone.size)
 
 
-def _pair_mix(
-    pair: np.ndarray, allowed: np.ndarray, rows: np.ndarray, gone: np.ndarray | None = None
-) -> float:
+def _pair_mix(pair: np.ndarray, allowed: np.ndarray, rows: np.ndarray) -> float:
     """Log of the prior mixture over (baseline b, treatment t) of likelihoods exp(pair[b, t]): b uniform
-    over the grid's `rows`, t given b uniform over the row's `allowed` points (with `gone`, the
-    likelihoods at t ~ 0 per row, half of each row's weight on "the change removed it")."""
+    over the grid's `rows`, t given b uniform over the row's `allowed` points."""
     counts = allowed.sum(axis=1)
     use = rows & (counts > 0)
     if not use.any():
@@ -208,10 +205,6 @@ def _pair_mix(
     masked = np.where(allowed, pair, -np.inf)[use]
     top = masked.max(axis=1, keepdims=True)
     row = top[:, 0] + np.log(np.exp(masked - top).sum(axis=1) / counts[use])
-    if gone is not None:
-        g = gone[use]
-        high = np.maximum(row, g)
-        row = high + np.log(0.5 * np.exp(row - high) + 0.5 * np.exp(g - high))
     high = float(row.max())
     return high + math.log(float(np.exp(row - high).mean()))
 
@@ -243,12 +236,8 @@ def paired_reduction(
     estimated; the rehearsal measures its size (null models at ICC up to 0.1)."""
     psis = np.concatenate([[GONE, _design_ratio(relative_margin)], RATIO_GRID])
     total = np.zeros(len(psis))
-    for (kb, nb), (kt, nt) in pairs:
-        got = _round_counts(kb, nb, kt, nt, icc)
-        if got is None:
-            continue
-        xb, mb, xt, mt = got
-        share, null = mt * psis / (mb + mt * psis), mt / (mb + mt)
+    for xb, mb, xt, mt in _effective_rounds(pairs, icc):
+        share, null = _share(mb, mt, psis), _share(mb, mt, 1.0)
         total += xt * np.log(share / null) + xb * np.log((1 - share) / (1 - null))
     w = REDUCTION_WEIGHTS
     weights = np.concatenate(
@@ -262,13 +251,25 @@ def _design_ratio(relative_margin: float | None) -> float:
     return 1 - relative_margin if relative_margin is not None and 0 < relative_margin < 1 else 0.5
 
 
-def _round_counts(kb: float, nb: float, kt: float, nt: float, icc: float):
-    """One round's effective counts (xb, mb, xt, mt), or None where the round has no information."""
-    if nb <= 0 or nt <= 0:
-        return None
-    xb, mb = effective(kb, nb, icc)
-    xt, mt = effective(kt, nt, icc)
-    return None if xb + xt <= 0 else (xb, mb, xt, mt)
+def _share(mb: float, mt: float, psi: Any) -> Any:
+    """The treatment's expected share of a round's corrupted sessions at rate ratio `psi`, given the
+    arms' (effective) sessions."""
+    return mt * psi / (mb + mt * psi)
+
+
+def _effective_rounds(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], icc: float
+) -> list[tuple[float, float, float, float]]:
+    """Each round's effective counts (xb, mb, xt, mt), the rounds with no information left out (an arm
+    without sessions, or no corrupted session in either)."""
+    rounds = []
+    for (kb, nb), (kt, nt) in pairs:
+        if nb <= 0 or nt <= 0:
+            continue
+        (xb, mb), (xt, mt) = effective(kb, nb, icc), effective(kt, nt, icc)
+        if xb + xt > 0:
+            rounds.append((xb, mb, xt, mt))
+    return rounds
 
 
 def reduction_pace(
@@ -279,7 +280,7 @@ def reduction_pace(
     effective counts, never above 1 - min_effect): a round's effective corrupted sessions times the
     Kullback-Leibler divergence of the treatment's share at that effect from its share at none, averaged
     over the rounds so far (0 before any)."""
-    rounds = [got for (kb, nb), (kt, nt) in pairs if (got := _round_counts(kb, nb, kt, nt, icc)) is not None]
+    rounds = _effective_rounds(pairs, icc)
     if not rounds:
         return 0.0
     seen = sum(xt for _, _, xt, _ in rounds) * sum(mb for _, mb, _, _ in rounds)
@@ -287,7 +288,7 @@ def reduction_pace(
     psi = min(max(seen, GONE), _design_ratio(relative_margin))
     paces = []
     for xb, mb, xt, mt in rounds:
-        p, null = mt * psi / (mb + mt * psi), mt / (mb + mt)
+        p, null = _share(mb, mt, psi), _share(mb, mt, 1.0)
         paces.append((xb + xt) * (p * math.log(p / null) + (1 - p) * math.log((1 - p) / (1 - null))))
     return float(np.mean(paces))
 
@@ -425,8 +426,8 @@ def reachable(ev: Evidence, th: Thresholds, rounds_done: int, max_runs: int) -> 
     the effect seen is smaller (`reduction_pace`: a round's worth depends on how many sessions it sees
     corrupted, few on a low rate); the other claims project their log e-value's growth so far forward
     at FUTILITY_OPTIMISM times its pace (a log e-value grows about linearly with the runs when its
-    alternative holds). Once the reduction is shown, "partial" is
-    in hand, and the arm goes on only while its ceiling could still settle."""
+    alternative holds). Once the reduction is shown, "partial" is in hand, and the arm goes on only
+    while its ceiling could still settle."""
     scale = FUTILITY_OPTIMISM * max_runs / max(1, rounds_done)
     p = {c: max(0.0, getattr(ev, c)) * scale for c in CLAIMS}
     ceiling_settles = p["under"] >= th.ceiling or p["over"] >= th.ceiling
