@@ -24,6 +24,7 @@ import aiohttp
 from orchestrator.remote.local import LocalTransport
 from orchestrator.sim.launch import router_launch, server_launch, wait_healthy
 from orchestrator.workload import tasks
+from orchestrator.workload.stress import StressSettings, run_stress_sync
 from tests.conftest import free_port
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash"
@@ -218,6 +219,33 @@ def post_json(url: str, body: Any, timeout: float = 30.0) -> tuple[int | None, A
 
 def sim_counters(url: str) -> dict[str, Any]:
     return get_json(url + "/server_info")["sim"]["counters"]
+
+
+def fresh_stress_run(
+    c: Cluster, arm: Arm, out_dir: Path, sessions: int, rounds: int, seed: int
+) -> tuple[Any, dict[str, Any]]:
+    """A fresh co-restart of `arm`, then one run of the orchestrator's own stress runner through the
+    router: its summary and the decode's counters after it. Checked here, as every caller needs it:
+    every planned session ran without error, and the oracle found exactly the turns the sim corrupted."""
+    c.stop_all()
+    c.start_all(arm)
+    decode = c.procs["decode"].url
+    before = sim_counters(decode)["corrupted_turns"]
+    settings = StressSettings(
+        url=c.router_url,
+        out_dir=out_dir,
+        sessions=sessions,
+        rounds=rounds,
+        seed=seed,
+        model=MODEL,
+        timeout_s=60.0,
+        progress=False,
+    )
+    summary = run_stress_sync(settings)
+    counters = sim_counters(decode)
+    assert summary.errored == 0 and summary.sessions == sessions
+    assert summary.corrupted == counters["corrupted_turns"] - before
+    return summary, counters
 
 
 # --- the session driver ------------------------------------------------------------------------

@@ -14,10 +14,18 @@ import math
 from pathlib import Path
 
 import pytest
-from simkit import BASELINE, FIXED, MODEL, Arm, bench_level, count, run_sessions, sim_counters
+from simkit import (
+    BASELINE,
+    FIXED,
+    Arm,
+    bench_level,
+    count,
+    fresh_stress_run,
+    run_sessions,
+    sim_counters,
+)
 
 from orchestrator.study.rehearse import from_config
-from orchestrator.workload.stress import StressSettings, run_stress_sync
 
 SESSIONS, ROUNDS = 60, 4
 
@@ -59,25 +67,8 @@ def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm
     c = cluster(time_scale=0.05)
     rates, loads = [], []
     for rep in range(reps):
-        c.stop_all()
-        c.start_all(arm)
-        before = sim_counters(c.procs["decode"].url)["corrupted_turns"]
-        summary = run_stress_sync(
-            StressSettings(
-                url=c.router_url,
-                out_dir=tmp_path / f"r{rep}",
-                sessions=SESSIONS,
-                rounds=ROUNDS,
-                seed=2000 + rep,
-                model=MODEL,
-                timeout_s=60.0,
-                progress=False,
-            )
-        )
-        counters = sim_counters(c.procs["decode"].url)
-        assert summary.errored == 0 and summary.sessions == SESSIONS
-        # the oracle finds every turn the sim corrupted, no more
-        assert summary.corrupted == counters["corrupted_turns"] - before
+        # the oracle finds every turn the sim corrupted, no more (checked by fresh_stress_run)
+        summary, counters = fresh_stress_run(c, arm, tmp_path / f"r{rep}", SESSIONS, ROUNDS, 2000 + rep)
         rates.append(summary.corrupted / SESSIONS)
         loads.append(counters["planned_load_sum"] / counters["planned_turns"])
     mean = sum(rates) / len(rates)

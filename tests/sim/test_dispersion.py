@@ -34,11 +34,10 @@ from pathlib import Path
 
 import pytest
 from scipy import stats
-from simkit import BASELINE, MODEL, Arm, sim_counters
+from simkit import BASELINE, Arm, fresh_stress_run
 
 from orchestrator.arm import REPETITION_SEED_STRIDE
 from orchestrator.study.rehearse import oracle_rate
-from orchestrator.workload.stress import StressSettings, run_stress_sync
 
 P_TURN, SESSIONS, ROUNDS = 0.04, 120, 4
 ARMS = (BASELINE, Arm(bf16_index_k=False), Arm(hicache=False))
@@ -95,25 +94,11 @@ def test_starts_arms_and_studies_are_as_dispersed_as_the_model_says(cluster, tmp
     for study in range(STUDIES):
         for a, arm in enumerate(ARMS):
             for rep in range(STARTS):
-                c.stop_all()
-                c.start_all(arm)
-                decode = c.procs["decode"].url
-                summary = run_stress_sync(
-                    StressSettings(
-                        url=c.router_url,
-                        out_dir=tmp_path / f"s{study}-a{a}-r{rep}",
-                        sessions=SESSIONS,
-                        rounds=ROUNDS,
-                        seed=study + rep * REPETITION_SEED_STRIDE,  # as orchestrator/arm.py seeds it
-                        model=MODEL,
-                        timeout_s=60.0,
-                        progress=False,
-                    )
-                )
-                counters = sim_counters(decode)
-                assert summary.errored == 0 and summary.sessions == SESSIONS
-                # the oracle finds every turn the sim corrupted, and no turn joined a load of 1 (p 0)
-                assert summary.corrupted == counters["corrupted_turns"]
+                out = tmp_path / f"s{study}-a{a}-r{rep}"
+                seed = study + rep * REPETITION_SEED_STRIDE  # as orchestrator/arm.py seeds it
+                # the oracle finds every turn the sim corrupted (checked by fresh_stress_run), and no
+                # turn joined a load of 1 (p 0)
+                summary, counters = fresh_stress_run(c, arm, out, SESSIONS, ROUNDS, seed)
                 assert counters["planned_load_sum"] >= 2 * counters["planned_turns"]
                 counts[study, a, rep] = summary.corrupted
     starts = list(counts.values())
