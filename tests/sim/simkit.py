@@ -221,6 +221,20 @@ def sim_counters(url: str) -> dict[str, Any]:
     return get_json(url + "/server_info")["sim"]["counters"]
 
 
+def stress_settings(c: Cluster, out_dir: Path, sessions: int, rounds: int, seed: int) -> StressSettings:
+    """The orchestrator's stress runner aimed at this cluster's router, quietly, as the sim tests run it."""
+    return StressSettings(
+        url=c.router_url,
+        out_dir=out_dir,
+        sessions=sessions,
+        rounds=rounds,
+        seed=seed,
+        model=MODEL,
+        timeout_s=60.0,
+        progress=False,
+    )
+
+
 def fresh_stress_run(
     c: Cluster, arm: Arm, out_dir: Path, sessions: int, rounds: int, seed: int
 ) -> tuple[Any, dict[str, Any]]:
@@ -231,17 +245,7 @@ def fresh_stress_run(
     c.start_all(arm)
     decode = c.procs["decode"].url
     before = sim_counters(decode)["corrupted_turns"]
-    settings = StressSettings(
-        url=c.router_url,
-        out_dir=out_dir,
-        sessions=sessions,
-        rounds=rounds,
-        seed=seed,
-        model=MODEL,
-        timeout_s=60.0,
-        progress=False,
-    )
-    summary = run_stress_sync(settings)
+    summary = run_stress_sync(stress_settings(c, out_dir, sessions, rounds, seed))
     counters = sim_counters(decode)
     assert summary.errored == 0 and summary.sessions == sessions
     assert summary.corrupted == counters["corrupted_turns"] - before

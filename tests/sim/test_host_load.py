@@ -14,12 +14,12 @@ import math
 from pathlib import Path
 
 import pytest
-from simkit import BASELINE, MODEL, sim_counters
+from simkit import BASELINE, sim_counters, stress_settings
 
 from orchestrator.remote.local import LocalTransport
 from orchestrator.sim.launch import server_launch, wait_healthy
 from orchestrator.workload.decode_load import DecodeLoadMonitor
-from orchestrator.workload.stress import StressSettings, run_stress_sync
+from orchestrator.workload.stress import run_stress_sync
 from tests.conftest import cpu_hogs, free_port
 
 SESSIONS, ROUNDS, REPS = 60, 4, 5
@@ -35,18 +35,7 @@ def one_run(c, out: Path, seed: int) -> dict[str, float]:
     decode = c.procs["decode"].url
     before = sim_counters(decode)
     monitor = DecodeLoadMonitor(decode + "/metrics", planned=SESSIONS).start()
-    summary = run_stress_sync(
-        StressSettings(
-            url=c.router_url,
-            out_dir=out,
-            sessions=SESSIONS,
-            rounds=ROUNDS,
-            seed=seed,
-            model=MODEL,
-            timeout_s=60.0,
-            progress=False,
-        )
-    )
+    summary = run_stress_sync(stress_settings(c, out, SESSIONS, ROUNDS, seed))
     reported = monitor.stop()
     after = sim_counters(decode)
     assert summary.errored == 0 and summary.sessions == SESSIONS
