@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from orchestrator.analysis import RunRecord, StudySpec, cause, stats
+from orchestrator.analysis.result import MinimalCause, to_json
 from orchestrator.analysis.study import analyse, arm_label, between_runs, pool_arms
 from orchestrator.config.schema import Hypothesis
 from orchestrator.report.render import dumps, render_markdown
@@ -300,7 +301,7 @@ KILL_RATE = 0.05
 
 def simulated_blocks(
     truth, icc: float, runs: int, sessions: int, seed: int, kill_rate: float = KILL_RATE
-) -> list[dict]:
+) -> list[MinimalCause]:
     """`STUDIES` studies drawn beta-binomially (rehearse's draws), a run killed now and then (listed,
     never pooled), each judged by the analysis' own between-run estimate, pooling and minimal cause."""
     arms = truth_arms(truth, icc)
@@ -332,10 +333,11 @@ def simulated_blocks(
 )
 def test_monte_carlo_reports_exactly_the_true_conjunction(name, truth, expected, icc, runs, sessions):
     blocks = simulated_blocks(truth, icc, runs, sessions, seed=int(icc * 1000) + len(truth))
-    assert {b["verdict"] for b in blocks} <= set(cause.CAUSE_SENTENCES)
-    assert {a["state"] for b in blocks for a in b["arms"]} <= set(cause.STATES)
-    exact = sum(levels_found(b) == [expected] for b in blocks) / STUDIES
-    wrong = sum(bool(b["conjunctions"]) and levels_found(b) != [expected] for b in blocks) / STUDIES
+    assert {b.verdict for b in blocks} <= set(cause.CAUSE_SENTENCES)
+    assert {a.state for b in blocks for a in b.arms} <= set(cause.STATES)
+    found = [[c.levels for c in b.conjunctions] for b in blocks]
+    exact = sum(levels == [expected] for levels in found) / STUDIES
+    wrong = sum(bool(levels) and levels != [expected] for levels in found) / STUDIES
     assert exact >= 0.95, (name, icc, exact)
     assert wrong <= 0.03, (name, icc, wrong)
 
@@ -347,14 +349,14 @@ def test_monte_carlo_null_reports_a_conjunction_at_most_alpha(icc, runs):
     the hypotheses judge "corruption gone" by), so some one of the five is misread more often, as
     intervals at 95% each are (at most 2.5% an arm on the side that is wrong here, plus the ICC plug-in)."""
     blocks = simulated_blocks(NULL_TRUTH, icc, runs, 60, seed=7 + runs)
-    reported = sum(bool(b["conjunctions"]) for b in blocks) / STUDIES
-    found = sum(b["verdict"] == "minimal cause found" for b in blocks) / STUDIES
+    reported = sum(bool(b.conjunctions) for b in blocks) / STUDIES
+    found = sum(b.verdict == "minimal cause found" for b in blocks) / STUDIES
     assert found <= reported <= SPEC.alpha, (icc, found, reported)
-    misread = sum(any(a["state"] == "corrupting" for a in b["arms"]) for b in blocks) / STUDIES
+    misread = sum(any(a.state == "corrupting" for a in b.arms) for b in blocks) / STUDIES
     arms = len(NULL_TRUTH)
     assert misread <= 1 - (1 - 0.025) ** arms + 0.05, (icc, misread)  # ~12% for five arms, MC error
-    assert all(a["confidence"] == 1 - SPEC.alpha for b in blocks for a in b["arms"])
-    json.dumps(blocks[0], allow_nan=False)
+    assert all(a.confidence == 1 - SPEC.alpha for b in blocks for a in b.arms)
+    json.dumps(to_json(blocks[0]), allow_nan=False)
 
 
 # --- end to end ------------------------------------------------------------------------------------

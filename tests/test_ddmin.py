@@ -226,9 +226,9 @@ def test_the_search_is_a_replay_of_the_runs_so_every_subset_is_paid_for_once():
             first = block * ddmin.ATTEMPT_BLOCK
             assert mine == list(range(first, first + len(mine)))
     block = designs.Ddmin(spec).report_block(records)
-    assert block["done"] and block["minimal"] == ["d07"]
+    assert block.done and block.minimal == ("d07",)
     # replaying on any prefix of the runs asks only for subsets that the full search also tried
-    tried = {frozenset(t["subset"]) for t in block["trials"]}
+    tried = {frozenset(t.subset) for t in block.trials}
     for cut in range(0, len(records), 5):
         runs, started = ddmin.runs_from_records(records[:cut], IDS, run_used)
         nxt = ddmin.next_round(IDS, runs, started, ddmin.Settings.of(spec))
@@ -240,7 +240,7 @@ def test_when_the_deploy_configuration_is_first_run_the_good_one_runs_beside_it_
     rng = np.random.default_rng(3)
     records = ddmin_study(spec, conjunction_truth(IDS, ["d03"]), 60, rng)
     block = designs.Ddmin(spec).report_block(records)
-    deploy = frozenset(block["deploy"])
+    deploy = frozenset(block.deploy)
     first_deploy = min(r.repetition for r in records if ddmin.subset_of(r.factors, IDS) == deploy)
     assert first_deploy == ddmin.ATTEMPT_BLOCK  # the first attempt's fresh runs
     # the round that started the deploy configuration also ran the good one (its last repetition)
@@ -260,8 +260,8 @@ def rehearse(culprits, studies, seed, icc=0.005, kill_rate=0.0, ids=IDS):
         designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng, kill_rate))
         for _ in range(studies)
     ]
-    exact = sum(1 for b in blocks if b["minimal"] is not None and set(b["minimal"]) == set(culprits))
-    sessions = sum(b["sessions"] for b in blocks) / studies
+    exact = sum(1 for b in blocks if b.minimal is not None and set(b.minimal) == set(culprits))
+    sessions = sum(b.sessions for b in blocks) / studies
     return exact / studies, sessions, blocks
 
 
@@ -277,7 +277,7 @@ def test_the_true_minimal_set_is_found_in_at_least_95_percent_of_studies(culprit
     assert exact >= 0.95, exact
     # and at a fraction of a one-at-a-time sweep over the 20 (21 arms x 4 starts x 60 = 5,040 sessions)
     assert sessions < max_sessions, sessions
-    assert blocks[0]["one_at_a_time_sessions"] == 21 * 4 * 60
+    assert blocks[0].one_at_a_time_sessions == 21 * 4 * 60
 
 
 def test_two_that_corrupt_together_cost_under_0_8_of_the_one_at_a_time_sequential_study():
@@ -296,7 +296,7 @@ def test_a_bad_configuration_that_does_not_corrupt_yields_no_minimal_set():
     wrong = 0
     for _ in range(300):
         block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng))
-        wrong += block["minimal"] is not None
+        wrong += block.minimal is not None
     assert wrong / 300 <= spec.alpha
 
 
@@ -312,17 +312,17 @@ def test_the_family_wise_error_stays_under_alpha_where_every_verdict_on_a_clean_
         return ArmTruth(ddmin.describe_subset(subset, ids), ddmin.levels_of(subset, ids), rate, 0.02)
 
     def wrong(trial) -> bool:
-        if trial["role"] == "steer":  # a lean that only chooses what to ask next: no verdict
+        if trial.role == "steer":  # a lean that only chooses what to ask next: no verdict
             return False
-        at_ceiling = not culprits <= set(trial["subset"])
-        return trial["verdict"] == "clean" or (at_ceiling and trial["verdict"] == "corrupting")
+        at_ceiling = not culprits <= set(trial.subset)
+        return trial.verdict == "clean" or (at_ceiling and trial.verdict == "corrupting")
 
     rng = np.random.default_rng(1)
     studies, with_a_wrong_verdict, trials = 200, 0, 0
     for _ in range(studies):
         block = designs.Ddmin(spec).report_block(ddmin_study(spec, truth_of, 60, rng))
-        with_a_wrong_verdict += any(wrong(t) for t in block["trials"])
-        trials += sum(t["role"] != "steer" for t in block["trials"])
+        with_a_wrong_verdict += any(wrong(t) for t in block.trials)
+        trials += sum(t.role != "steer" for t in block.trials)
     assert trials / studies > 8  # the search went past its first checks: each had its chance
     assert with_a_wrong_verdict / studies <= spec.alpha, with_a_wrong_verdict
 
@@ -330,8 +330,8 @@ def test_the_family_wise_error_stays_under_alpha_where_every_verdict_on_a_clean_
 def test_the_error_bound_is_at_most_alpha_and_covers_decided_searches():
     _, _, blocks = rehearse(["d05"], 50, seed=2)
     for b in blocks:
-        assert b["error_bound"] <= 0.05
-        assert b["error_bound_covers"] == "covers the answer"
+        assert b.error_bound <= 0.05
+        assert b.error_bound_covers == "covers the answer"
 
 
 # --- the differences as the job's factors: composed, planned, refused -----------------------------------

@@ -2,7 +2,8 @@
 needs, with the evidence for each conjunct, what modulates the rate, and what the design cannot tell.
 
 Input: the pooled arms (`analysis.pool_arms`), the study (`schema.StudyConf`: baseline, ceiling,
-alpha) and the study's ICC (`analysis.between_runs`). Output: report.json's `minimal_cause` block. Only
+alpha) and the study's ICC (`analysis.between_runs`). Output: report.json's `minimal_cause` block, typed
+(`result.MinimalCause`; each part built as its own type of analysis/result.py). Only
 arms run under one deployment and workload (`conditions`, the baseline arm's) count, as the verdicts'.
 
 Method, and why:
@@ -40,10 +41,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from orchestrator.analysis import stats
-from orchestrator.analysis.result import Arm
+from orchestrator.analysis.result import (
+    Arm,
+    ArmCounts,
+    CauseArm,
+    Conjunction,
+    Effect,
+    Factorial,
+    FactorSufficiency,
+    MinimalCause,
+    Modulator,
+    Necessity,
+    Provisional,
+    Sufficiency,
+)
 from orchestrator.analysis.states import STATES, ArmState, Item, StatePolicy, arm_states
 from orchestrator.config.schema import StudyConf
 
@@ -150,17 +163,17 @@ def text(levels: Iterable[Item], joiner: str = ", ") -> str:
     return joiner.join(f"{f}={v}" for f, v in sorted(levels))
 
 
-def counts_of(arm: ArmState) -> dict[str, Any]:
-    return {"label": arm.label, "counts": [arm.corrupted, arm.n], "state": arm.state}
+def counts_of(arm: ArmState) -> ArmCounts:
+    return ArmCounts(label=arm.label, counts=(arm.corrupted, arm.n), state=arm.state)
 
 
 # --- evidence per conjunct -------------------------------------------------------------------------
 
 
-def necessity(levels: frozenset[Item], item: Item, arms: Sequence[ArmState]) -> dict[str, Any]:
+def necessity(levels: frozenset[Item], item: Item, arms: Sequence[ArmState]) -> Necessity:
     """Whether a pair of arms shows `item` necessary to `levels`: a corrupting arm with every level of it
     and a clean arm equal to it but for the item's factor; else inferred only, with why."""
-    factor, _ = item
+    factor, level = item
     corrupting = [a for a in arms if a.state == "corrupting" and contains(a, levels)]
     pairs = [
         (a, b)
@@ -170,13 +183,14 @@ def necessity(levels: frozenset[Item], item: Item, arms: Sequence[ArmState]) -> 
     ]
     if pairs:
         a, b = max(pairs, key=lambda p: (p[0].n + p[1].n, p[0].label, p[1].label))
-        return {
-            "evidence": "pair",
-            "with": counts_of(a),
-            "without": counts_of(b),
-            "note": f"{a.label} {a.counts()} corrupting, {b.label} {b.counts()} clean",
-            "pending": [],
-        }
+        return Necessity(
+            level=level,
+            evidence="pair",
+            with_=counts_of(a),
+            without=counts_of(b),
+            note=f"{a.label} {a.counts()} corrupting, {b.label} {b.counts()} clean",
+            pending=(),
+        )
     pending = sorted(
         {
             b.label
@@ -191,7 +205,9 @@ def necessity(levels: frozenset[Item], item: Item, arms: Sequence[ArmState]) -> 
         note += f"; the clean arms without it ({', '.join(lacking)}) differ in more"
     if pending:
         note += f"; the arm that would show it ({', '.join(pending)}) is undetermined"
-    return {"evidence": "inferred only", "with": None, "without": None, "note": note, "pending": pending}
+    return Necessity(
+        level=level, evidence="inferred only", with_=None, without=None, note=note, pending=tuple(pending)
+    )
 
 
 def factor_levels(arms: Sequence[ArmState]) -> dict[str, list[str]]:
@@ -204,12 +220,12 @@ def factor_levels(arms: Sequence[ArmState]) -> dict[str, list[str]]:
     return {f: sorted(v) for f, v in sorted(levels.items())}
 
 
-def sufficiency(levels: frozenset[Item], arms: Sequence[ArmState]) -> dict[str, Any]:
+def sufficiency(levels: frozenset[Item], arms: Sequence[ArmState]) -> Sufficiency:
     """Per factor outside the conjunction: the levels at which arms with the conjunction were seen
     corrupting, those run in some arm but never with it, and a verdict over all of them."""
     inside = {f for f, _ in levels}
     seen = factor_levels(arms)
-    per: dict[str, Any] = {}
+    per: dict[str, FactorSufficiency] = {}
     for factor, all_levels in seen.items():
         if factor in inside:
             continue
@@ -218,24 +234,22 @@ def sufficiency(levels: frozenset[Item], arms: Sequence[ArmState]) -> dict[str, 
         )
         untried = [v for v in all_levels if v not in with_cause]
         status = "one level run" if len(all_levels) == 1 else ("shown" if not untried else "not shown")
-        per[factor] = {
-            "levels_with_cause": with_cause,
-            "levels_not_tried_with_cause": untried,
-            "status": status,
-        }
-    varied = {f: p for f, p in per.items() if p["status"] != "one level run"}
-    one_level = sorted(f for f, p in per.items() if p["status"] == "one level run")
+        per[factor] = FactorSufficiency(
+            levels_with_cause=tuple(with_cause), levels_not_tried_with_cause=tuple(untried), status=status
+        )
+    varied = {f: p for f, p in per.items() if p.status != "one level run"}
+    one_level = sorted(f for f, p in per.items() if p.status == "one level run")
     if not varied:
         others = f" ({', '.join(one_level)})" if one_level else ""
         verdict = f"sufficiency not shown: every other factor{others} was run at one level only"
-    elif all(p["status"] == "shown" for p in varied.values()):
+    elif all(p.status == "shown" for p in varied.values()):
         verdict = f"sufficient across the levels tried of {', '.join(sorted(varied))}"
     else:
-        missing = [f"{f}={v}" for f, p in sorted(varied.items()) for v in p["levels_not_tried_with_cause"]]
+        missing = [f"{f}={v}" for f, p in sorted(varied.items()) for v in p.levels_not_tried_with_cause]
         verdict = f"sufficiency not shown: never seen corrupting with {', '.join(missing)}"
     if varied and one_level:
         verdict += f" ({', '.join(one_level)} run at one level only)"
-    return {"factors": per, "verdict": verdict}
+    return Sufficiency(factors=per, verdict=verdict)
 
 
 # --- modulators ------------------------------------------------------------------------------------
@@ -248,7 +262,7 @@ def level_order(factor: str, values: Iterable[str], baseline: Mapping[str, str])
 
 def modulators(
     levels: frozenset[Item], arms: Sequence[ArmState], alpha: float, baseline: Mapping[str, str]
-) -> list[dict[str, Any]]:
+) -> list[Modulator]:
     """Factors outside the conjunction whose level changes the rate between two arms with the
     conjunction that differ only in it (Newcombe on effective counts, Bonferroni over the pairs)."""
     inside = {f for f, _ in levels}
@@ -269,17 +283,17 @@ def modulators(
         lo, hi = stats.newcombe_diff(kb, nb, ka, na, confidence)
         if lo > 0 or hi < 0:
             found.append(
-                {
-                    "factor": factor,
-                    "within": dict(sorted(levels)),
-                    "levels": [a.factors[factor], b.factors[factor]],
-                    "arms": [counts_of(a), counts_of(b)],
-                    "rates": [a.rate, b.rate],
-                    "difference": b.rate - a.rate,
-                    "ci": [lo, hi],
-                    "confidence": confidence,
-                    "pairs_compared": len(pairs),
-                }
+                Modulator(
+                    factor=factor,
+                    within=dict(sorted(levels)),
+                    levels=(a.factors[factor], b.factors[factor]),
+                    arms=(counts_of(a), counts_of(b)),
+                    rates=(a.rate, b.rate),
+                    difference=b.rate - a.rate,
+                    ci=(lo, hi),
+                    confidence=confidence,
+                    pairs_compared=len(pairs),
+                )
             )
     return found
 
@@ -321,7 +335,7 @@ def full_factorials(arms: Sequence[ArmState]) -> list[tuple[frozenset[str], dict
 
 def factorial_effects(
     arms: Sequence[ArmState], alpha: float, baseline: Mapping[str, str]
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+) -> tuple[Factorial | None, tuple[Effect, ...] | None]:
     """(the largest full factorial run, its main effects and two-way interactions), or (None, None).
     Each effect is a difference of mean rates, the first level (the baseline's) minus the other."""
     found = full_factorials(arms)
@@ -339,36 +353,36 @@ def factorial_effects(
     def sign(arm: ArmState, f: str) -> int:
         return 1 if arm.factors[f] == first[f][0] else -1
 
-    def effect(kind: str, group: Sequence[str]) -> dict[str, Any]:
+    def effect(kind: str, group: Sequence[str]) -> Effect:
         scale = 2 ** (k - len(group))  # arms per cell of the contrast: each mean is over them
         coefficients = [math.prod(sign(a, f) for f in group) / scale for a in members]
         estimate, lo, hi = stats.contrast_interval(counts, coefficients, confidence)
         what = " × ".join(f"{f} ({first[f][0]} vs {first[f][1]})" for f in group)
-        return {
-            "kind": kind,
-            "factors": list(group),
-            "levels": {f: first[f] for f in group},
-            "description": what,
-            "estimate": estimate,
-            "ci": [lo, hi],
-            "confidence": confidence,
-            "excludes_zero": lo > 0 or hi < 0,
-        }
+        return Effect(
+            kind=kind,
+            factors=tuple(group),
+            levels={f: tuple(first[f]) for f in group},
+            description=what,
+            estimate=estimate,
+            ci=(lo, hi),
+            confidence=confidence,
+            excludes_zero=lo > 0 or hi < 0,
+        )
 
     effects = [effect("main", [f]) for f in names]
     effects += [effect("interaction", list(pair)) for pair in itertools.combinations(names, 2)]
-    design = {
-        "factors": names,
-        "fixed": fixed,
-        "arms": [counts_of(a) for a in members],
-        "method": (
+    design = Factorial(
+        factors=tuple(names),
+        fixed=fixed,
+        arms=tuple(counts_of(a) for a in members),
+        method=(
             f"Price & Bonett (2004) adjusted Wald intervals of linear contrasts on effective counts, "
             f"Bonferroni over {shown} effects (each at {confidence:.2%}); main effect: the mean rate at "
             f"the first level minus at the other; interaction: the first factor's effect at the second "
             f"factor's first level minus at its other"
         ),
-    }
-    return design, effects
+    )
+    return design, tuple(effects)
 
 
 # --- limits ----------------------------------------------------------------------------------------
@@ -420,15 +434,15 @@ def conjunction_limits(levels: frozenset[Item], arms: Sequence[ArmState]) -> lis
     elif len(levels) > 1 and untried_combinations(levels, arms):
         combos = listed([text(c, " + ") for c in untried_combinations(levels, arms)])
         out.append(f"Combinations of the conjunct factors never run: {combos}.")
-    suff = sufficiency(levels, arms)["factors"]
+    suff = sufficiency(levels, arms).factors
     for factor, p in suff.items():
-        if p["status"] == "not shown":
+        if p.status == "not shown":
             out.append(
-                f"{factor}={listed(p['levels_not_tried_with_cause'])} never ran (or was not seen corrupting) "
+                f"{factor}={listed(p.levels_not_tried_with_cause)} never ran (or was not seen corrupting) "
                 f"with {text(levels)}: whether the cause corrupts there is not shown."
             )
     seen = factor_levels(arms)
-    one_level = [f"{f}={seen[f][0]}" for f, p in suff.items() if p["status"] == "one level run"]
+    one_level = [f"{f}={seen[f][0]}" for f, p in suff.items() if p.status == "one level run"]
     if one_level:
         out.append(
             f"Run at one level only ({', '.join(one_level)}): whether the cause also needs these levels is "
@@ -511,27 +525,27 @@ def separating_arms(found: Sequence[frozenset[Item]]) -> str:
 # --- the block -------------------------------------------------------------------------------------
 
 
-def arm_entry(arm: ArmState) -> dict[str, Any]:
-    return {
-        "label": arm.label,
-        "signature": arm.signature,
-        "factors": dict(sorted(arm.factors.items())),
-        "state": arm.state,
-        "bounds": list(arm.bounds) if arm.bounds else None,
-        "counts": [arm.corrupted, arm.n],
-        "confidence": arm.confidence,
-        "leaning": arm.leaning,
-        "sessions_needed": arm.sessions_needed,
-    }
+def arm_entry(arm: ArmState) -> CauseArm:
+    return CauseArm(
+        label=arm.label,
+        signature=arm.signature,
+        factors=dict(sorted(arm.factors.items())),
+        state=arm.state,
+        bounds=tuple(arm.bounds) if arm.bounds else None,
+        counts=(arm.corrupted, arm.n),
+        confidence=arm.confidence,
+        leaning=arm.leaning,
+        sessions_needed=arm.sessions_needed,
+    )
 
 
 def conjunction_entry(
     levels: frozenset[Item], arms: Sequence[ArmState], several: bool, open_arms: int, may_change: bool
-) -> dict[str, Any]:
+) -> Conjunction:
     """One conjunction with its evidence; `open_arms`: the undetermined arms, `may_change`: whether they
     would change the answer were they on the side of the ceiling their rates lie."""
-    necessary = {f: {"level": v, **necessity(levels, (f, v), arms)} for f, v in sorted(levels)}
-    shown = [f for f, e in necessary.items() if e["evidence"] == "pair"]
+    necessary = {f: necessity(levels, (f, v), arms) for f, v in sorted(levels)}
+    shown = [f for f, e in necessary.items() if e.evidence == "pair"]
     suff = sufficiency(levels, arms)
     if not levels:
         verdict = "no level needed: every arm classified is corrupting"
@@ -554,15 +568,15 @@ def conjunction_entry(
             )
         else:
             head = "minimal cause"
-        verdict = f"{head}: {need}; {suff['verdict']}"
-    return {"levels": dict(sorted(levels)), "necessary": necessary, "sufficient": suff, "verdict": verdict}
+        verdict = f"{head}: {need}; {suff.verdict}"
+    return Conjunction(levels=dict(sorted(levels)), necessary=necessary, sufficient=suff, verdict=verdict)
 
 
 def overall_verdict(
     corrupting: Sequence[ArmState],
     undetermined: Sequence[ArmState],
     found: Sequence[frozenset[Item]],
-    provisional: Mapping[str, Any] | None,
+    provisional: Provisional | None,
 ) -> str:
     """One word for the block. An undetermined arm leaves the answer open when the answer would change
     were it on the side of the ceiling its rate lies (`provisional`); one that would not is a limit."""
@@ -581,8 +595,8 @@ def summary(
     verdict: str,
     found: Sequence[frozenset[Item]],
     states: Sequence[ArmState],
-    mods: Sequence[Mapping[str, Any]],
-    provisional: Mapping[str, Any] | None,
+    mods: Sequence[Modulator],
+    provisional: Provisional | None,
     spec: StudyConf,
 ) -> str:
     """The block's opening sentence (the report's too)."""
@@ -615,22 +629,22 @@ def summary(
         )
         for mod in mods:
             out += (
-                f"; {mod['factor']} modulates it ({mod['levels'][0]}: {mod['rates'][0]:.1%}, "
-                f"{mod['levels'][1]}: {mod['rates'][1]:.1%})"
+                f"; {mod.factor} modulates it ({mod.levels[0]}: {mod.rates[0]:.1%}, "
+                f"{mod.levels[1]}: {mod.rates[1]:.1%})"
             )
         return out + "."
     out = f"Undetermined: {len(undetermined)} of {m} arms are neither shown clean nor corrupting"
     out += f" ({listed(undetermined)})"
     if found:
         out += f"; the arms classified fit {' or '.join(text(c, ' AND ') for c in found)}"
-    if provisional and provisional["conjunctions"]:
+    if provisional and provisional.conjunctions:
         out += "; as the undetermined arms' rates lean: " + " or ".join(
-            text(c.items(), " AND ") or "no level needed" for c in provisional["conjunctions"]
+            text(c.items(), " AND ") or "no level needed" for c in provisional.conjunctions
         )
     return out + "."
 
 
-def provisional_answer(states: Sequence[ArmState], found: Sequence[frozenset[Item]]) -> dict[str, Any] | None:
+def provisional_answer(states: Sequence[ArmState], found: Sequence[frozenset[Item]]) -> Provisional | None:
     """The smallest conjunctions were every undetermined arm on the side of the ceiling its rate lies,
     when they differ from those of the arms classified (None otherwise): a pointer, not a finding."""
     leaning = [a for a in states if a.state == "undetermined" and a.leaning]
@@ -641,11 +655,11 @@ def provisional_answer(states: Sequence[ArmState], found: Sequence[frozenset[Ite
     )
     if guessed == list(found):
         return None
-    return {
-        "conjunctions": [dict(sorted(c)) for c in guessed],
-        "rests_on": [a.label for a in leaning],
-        "note": "as the undetermined arms' rates lean (not shown at the block's confidence)",
-    }
+    return Provisional(
+        conjunctions=tuple(dict(sorted(c)) for c in guessed),
+        rests_on=tuple(a.label for a in leaning),
+        note="as the undetermined arms' rates lean (not shown at the block's confidence)",
+    )
 
 
 def block_limits(
@@ -685,7 +699,7 @@ def minimal_cause(
     design: str | None = None,
     states: Mapping[str, ArmState] | None = None,
     policy: StatePolicy | None = None,
-) -> dict[str, Any]:
+) -> MinimalCause:
     """report.json's `minimal_cause` block (see the module doc), from the arms run under `conditions`
     (default: the conditions with most sessions) and their one state each (`states`, by signature;
     default: judged now under `policy`, the study's); `design`: the sweep's, for its limits."""
@@ -702,32 +716,32 @@ def minimal_cause(
     provisional = provisional_answer(scoped, found)
     verdict = overall_verdict(corrupting, undetermined, found, provisional)
     # the conjunctions the undetermined arms lean to: their limits and modulators are worth stating too
-    leaned = [frozenset(c.items()) for c in provisional["conjunctions"] if c] if provisional else []
-    mods: list[dict[str, Any]] = []
+    leaned = [frozenset(c.items()) for c in provisional.conjunctions if c] if provisional else []
+    mods: list[Modulator] = []
     for c in found or leaned:
         mods += [x for x in modulators(c, scoped, spec.alpha, spec.baseline) if x not in mods]
     factorial, effects = factorial_effects(scoped, spec.alpha, spec.baseline)
     several = len(found) > 1
-    return {
-        "confidence": policy.confidence,
-        "arm_confidence": policy.confidence,
-        "method": (
+    return MinimalCause(
+        confidence=policy.confidence,
+        arm_confidence=policy.confidence,
+        method=(
             "a conjunction: every corrupting arm has all of it, no clean arm has all of it; "
             "undetermined arms constrain nothing"
         ),
-        "ceiling": spec.ceiling,
-        "arms": [arm_entry(a) for a in scoped],
-        "conjunctions": [
+        ceiling=spec.ceiling,
+        arms=tuple(arm_entry(a) for a in scoped),
+        conjunctions=tuple(
             conjunction_entry(
                 c, scoped, several, sum(1 for a in undetermined if a.n), provisional is not None
             )
             for c in found
-        ],
-        "provisional": provisional,
-        "modulators": mods,
-        "factorial": factorial,
-        "effects": effects,
-        "limits": block_limits(found, scoped, complete, spec, design, leaned),
-        "verdict": verdict,
-        "summary": summary(verdict, found, scoped, mods, provisional, spec),
-    }
+        ),
+        provisional=provisional,
+        modulators=tuple(mods),
+        factorial=factorial,
+        effects=effects,
+        limits=tuple(block_limits(found, scoped, complete, spec, design, leaned)),
+        verdict=verdict,
+        summary=summary(verdict, found, scoped, mods, provisional, spec),
+    )

@@ -60,6 +60,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.analysis.result import DdminSearch, DifferenceRow, TrialEvidence
+from orchestrator.analysis.result import Trial as TrialRow  # a trial as the report lists it
 from orchestrator.analysis.sequential import FINE_GRID, Evidence, evidence, plug_in_icc, run_loglik
 from orchestrator.config.plan import BAD, GOOD, difference_label
 
@@ -493,7 +495,7 @@ def next_round(
     return Round(jobs, result)
 
 
-def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> dict[str, Any]:
+def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool]) -> DdminSearch:
     """report.json's `ddmin` block: the differences, every subset tried (in order) with its runs,
     verdict and evidence against its threshold, the steps of the search, the minimal set, the
     configuration to deploy, the error bound, and the sessions spent against a one-at-a-time sweep."""
@@ -505,9 +507,9 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
     sizes = [n for by_rep in runs.values() for _, n in by_rep.values()]
     run_size = round(sum(sizes) / len(sizes)) if sizes else 0
     share = PLANNED_CHECKS + 1
-    waiting = [describe_subset(need.subset, ids) for need in result.needs] or None
-    return {
-        "method": (
+    waiting = tuple(describe_subset(need.subset, ids) for need in result.needs) or None
+    return DdminSearch(
+        method=(
             "adaptive group testing (QuickXplain, then ddmin's 1-minimal check) steered by one start at a "
             "time, then the answer checked on fresh runs: the candidate corrupts, it is clean without any "
             "one of its differences, and the configuration to deploy, each by anytime-valid e-values "
@@ -515,44 +517,56 @@ def search_block(spec: Any, records: Sequence[Any], used: Callable[[Any], bool])
             f"{PLANNED_CHECKS - 2} checks at alpha / {share} each, one more share of alpha / {share} spread "
             f"over any further checks as alpha / (i (i + 1)) (orchestrator/analysis/ddmin.py)"
         ),
-        "differences": [
-            {"id": d.id, "description": d.description, "sets": difference_settings(d)}
-            for d in spec.ddmin.differences
-        ],
-        "icc": result.icc,
-        "trials": [
-            {
-                "index": t.index,
-                "subset": [d for d in ids if d in t.subset],
-                "label": describe_subset(t.subset, ids),
-                "role": t.role,
-                "attempt": t.attempt,
-                "alpha": t.alpha,
-                "log_threshold": t.log_threshold,
-                "runs": [list(r) for r in t.runs],
-                "corrupted": sum(k for k, _ in t.runs),
-                "sessions": sum(n for _, n in t.runs),
-                "verdict": t.verdict,
-                "evidence": {"over": round(t.evidence.over, 4), "under": round(t.evidence.under, 4)},
-            }
-            for t in result.trials
-        ],
-        "steps": result.steps,
-        "done": not result.needs,
-        "waiting_for": waiting,
-        "minimal": None if result.minimal is None else [d for d in ids if d in result.minimal],
-        "deploy": None if result.deploy is None else [d for d in ids if d in result.deploy],
-        "outcome": result.outcome or "the search stopped before it ended",
-        "error_bound": bound,
-        "error_bound_covers": covered,
-        "sessions": sum(sizes),
-        "one_at_a_time_sessions": one_at_a_time_sessions(len(ids), run_size),
-        "runs_started": sum(len(s) for s in started.values()),
-    }
+        differences=tuple(difference_row(d) for d in spec.ddmin.differences),
+        icc=result.icc,
+        trials=tuple(trial_row(t, ids) for t in result.trials),
+        steps=tuple(result.steps),
+        done=not result.needs,
+        waiting_for=waiting,
+        minimal=None if result.minimal is None else in_order(result.minimal, ids),
+        deploy=None if result.deploy is None else in_order(result.deploy, ids),
+        outcome=result.outcome or "the search stopped before it ended",
+        error_bound=bound,
+        error_bound_covers=covered,
+        sessions=sum(sizes),
+        one_at_a_time_sessions=one_at_a_time_sessions(len(ids), run_size),
+        runs_started=sum(len(s) for s in started.values()),
+    )
+
+
+def in_order(subset: Subset, ids: Sequence[str]) -> tuple[str, ...]:
+    """A subset's differences in the study's order."""
+    return tuple(d for d in ids if d in subset)
+
+
+def trial_row(trial: Trial, ids: Sequence[str]) -> TrialRow:
+    """One trial as the report lists it: its subset, runs and counts, verdict, and evidence to 4 places."""
+    return TrialRow(
+        index=trial.index,
+        subset=in_order(trial.subset, ids),
+        label=describe_subset(trial.subset, ids),
+        role=trial.role,
+        attempt=trial.attempt,
+        alpha=trial.alpha,
+        log_threshold=trial.log_threshold,
+        runs=tuple(tuple(r) for r in trial.runs),
+        corrupted=sum(k for k, _ in trial.runs),
+        sessions=sum(n for _, n in trial.runs),
+        verdict=trial.verdict,
+        evidence=TrialEvidence(over=round(trial.evidence.over, 4), under=round(trial.evidence.under, 4)),
+    )
+
+
+def difference_row(difference: Any) -> DifferenceRow:
+    """One difference as the report lists it: its id, description and what it sets."""
+    return DifferenceRow(
+        id=difference.id, description=difference.description, sets=difference_settings(difference)
+    )
 
 
 def difference_settings(difference: Any) -> dict[str, dict[str, Any]]:
-    """What a difference sets, per role ({role: {"env NAME": value, "flag --x": value}}), for reports."""
+    """What a difference sets, per role ({role: {"env NAME": value, "flag --x": value}}, free keys: a
+    `DifferenceRow`'s `sets`), for reports."""
     out: dict[str, dict[str, Any]] = {}
     for role in ("prefill", "decode", "router"):
         delta = getattr(difference.roles, role)

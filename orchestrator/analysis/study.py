@@ -79,7 +79,6 @@ from orchestrator.analysis.result import (
     Deploy,
     Families,
     HypothesisRow,
-    MinimalCause,
     MoreSessions,
     ProblemRun,
     RatioLevel,
@@ -833,9 +832,8 @@ def analyse(
     hyps = hypotheses(arms, spec, conditions, states)
     # an adaptive design's own block (designs.py): a sequential study's stopping trace, a ddmin search
     block = design.report_block(runs) if design else None
-    # typed where received: ddmin.py still writes its block as a dict
     stopping = block if isinstance(block, Stopping) else None
-    search = from_json(DdminSearch, block) if design and design.name == "ddmin" else None
+    search = block if isinstance(block, DdminSearch) else None
     if stopping is not None:
         hyps = [sequential_row(row, stopping) for row in hyps]
         # the design's own test of the ceiling judges the arms it decided: one state each, still
@@ -877,7 +875,7 @@ def analyse(
         stopping=stopping,
         families=families_block(arms),
         ddmin=search,
-        minimal_cause=from_json(MinimalCause, minimal),
+        minimal_cause=minimal,
         clusters=clusters_block(spec, runs, between),
         cost=gpu_time_block(spec, runs, arms, context, stopping),
         # left out where no run recorded a machine: the embedded default's reports stay as they were

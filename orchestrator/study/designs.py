@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from hydra.errors import HydraException
 
@@ -36,6 +36,8 @@ from orchestrator.config.plan import BASELINE_LABEL, arm_label
 
 # orchestrator.analysis (numpy, scipy) is imported where a round is chosen: Hydra imports the sweeper
 # plugin, and with it this module, at every start, a single run's too
+if TYPE_CHECKING:
+    from orchestrator.analysis.result import DdminSearch, Stopping
 
 FACTOR_PREFIX = "factor/"
 # the overrides by which a design sizes a run (Sequential.run_size)
@@ -79,8 +81,8 @@ class Design(Protocol):
 
     def next_round(self, records: Sequence[Any], launched: int) -> Round: ...
 
-    # a sequential study's typed stopping trace, a ddmin search's block (still a dict), or nothing
-    def report_block(self, records: Sequence[Any]) -> Any: ...
+    # a sequential study's stopping trace, a ddmin study's search, or nothing (a fixed design)
+    def report_block(self, records: Sequence[Any]) -> Stopping | DdminSearch | None: ...
 
 
 # --- override strings ---------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ class Sequential:
         sized = f" ({size} sessions each)" if size else ""
         return Round(nxt.round, jobs, (*notes, f"round {nxt.round}: {', '.join(nxt.arms)}{sized}"), look)
 
-    def report_block(self, records: Sequence[Any]) -> Any:
+    def report_block(self, records: Sequence[Any]) -> Stopping:
         """The study's `result.Stopping` (analysis/sequential.py)."""
         from orchestrator.analysis import sequential
         from orchestrator.analysis.runs import run_used
@@ -314,7 +316,8 @@ class Ddmin:
         step = "; ".join(f"{j.label} repetition={j.repetition}" for j in jobs)
         return Round(launched + 1, jobs, (*notes, f"ddmin round {launched + 1}: {step}"))
 
-    def report_block(self, records: Sequence[Any]) -> dict[str, Any]:
+    def report_block(self, records: Sequence[Any]) -> DdminSearch:
+        """The study's `result.DdminSearch` (analysis/ddmin.py)."""
         from orchestrator.analysis import ddmin
         from orchestrator.analysis.runs import run_used
 

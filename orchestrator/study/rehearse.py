@@ -53,7 +53,7 @@ import numpy as np
 
 from orchestrator import analysis
 from orchestrator.analysis import VERDICTS, RunRecord, StudySpec, cost, ddmin, stats
-from orchestrator.analysis.result import StudyResult, to_json
+from orchestrator.analysis.result import DdminSearch, StudyResult, to_json
 from orchestrator.study import designs
 
 DEFAULT_STUDIES = 2000
@@ -472,11 +472,9 @@ def rehearse_ddmin(
     ]
     found: dict[str, int] = {}
     for b in blocks:
-        key = ",".join(b["minimal"]) if b["minimal"] is not None else f"none ({b['outcome']})"
+        key = ",".join(b.minimal) if b.minimal is not None else f"none ({b.outcome})"
         found[key] = found.get(key, 0) + 1
-    exact = sum(
-        1 for b in blocks if truth is not None and b["minimal"] is not None and set(b["minimal"]) == truth
-    )
+    exact = sum(1 for b in blocks if truth is not None and b.minimal is not None and set(b.minimal) == truth)
     bad = truth_of(frozenset(ids))
     return {
         "study": spec.name,
@@ -497,27 +495,27 @@ def rehearse_ddmin(
         "true_minimal": None if truth is None else sorted(truth),
         "exact": exact / studies,
         "found": dict(sorted(found.items(), key=lambda kv: -kv[1])[:5]),
-        "sessions_per_study": sum(b["sessions"] for b in blocks) / studies,
-        "runs_per_study": sum(b["runs_started"] for b in blocks) / studies,
-        "trials_per_study": sum(len(b["trials"]) for b in blocks) / studies,
+        "sessions_per_study": sum(b.sessions for b in blocks) / studies,
+        "runs_per_study": sum(b.runs_started for b in blocks) / studies,
+        "trials_per_study": sum(len(b.trials) for b in blocks) / studies,
         "by_role": trials_by_role(blocks),
-        "covered": sum(1 for b in blocks if b["error_bound_covers"] == "covers the answer") / studies,
-        "mean_error_bound": sum(b["error_bound"] for b in blocks) / studies,
+        "covered": sum(1 for b in blocks if b.error_bound_covers == "covers the answer") / studies,
+        "mean_error_bound": sum(b.error_bound for b in blocks) / studies,
         "one_at_a_time_sessions": ddmin.one_at_a_time_sessions(len(ids), sessions),
         "one_at_a_time": one_at_a_time_rehearsal(spec, truth_of, truth, sessions, studies, seed, kill_rate),
     }
 
 
-def trials_by_role(blocks: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+def trials_by_role(blocks: Sequence[DdminSearch]) -> dict[str, dict[str, float]]:
     """Per role of a ddmin trial (steer, good, bad, candidate, without, deploy): how many trials a study
     has and the starts each pooled, on average."""
     count: dict[str, int] = {}
     starts: dict[str, int] = {}
     for b in blocks:
-        for t in b["trials"]:
-            role = t["role"].split()[0]  # "without <id>": one role
+        for t in b.trials:
+            role = t.role.split()[0]  # "without <id>": one role
             count[role] = count.get(role, 0) + 1
-            starts[role] = starts.get(role, 0) + len(t["runs"])
+            starts[role] = starts.get(role, 0) + len(t.runs)
     return {
         role: {"per_study": n / len(blocks), "starts_each": starts[role] / n} for role, n in count.items()
     }
