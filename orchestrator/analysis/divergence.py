@@ -107,6 +107,7 @@ def _excerpt(output: Mapping[str, Any], start: int, at: int) -> DivergedOutput:
     )
 
 
+# the artifact's JSON read at the input boundary (one output's fields, normalised), not a result shape
 def _output(value: Any) -> dict[str, Any]:
     value = value if isinstance(value, Mapping) else {}
     tokens = value.get("completion_tokens")

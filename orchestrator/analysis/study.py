@@ -62,7 +62,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 from orchestrator.analysis import cause, clusters, cost, ddmin, stats
 from orchestrator.analysis.divergence import arm_divergence
@@ -221,9 +221,13 @@ def run_row(run: RunRecord, used: bool) -> RunRow:
     )
 
 
-def _sum_maps(maps: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+Number = TypeVar("Number", int, float)
+
+
+# an internal accumulator of counts (families) or sums (facts), not a result shape
+def _sum_maps(maps: Iterable[Mapping[str, Number]]) -> dict[str, Number]:
     """Key-wise sums (keys no map has are left out), sorted by key."""
-    total: dict[str, Any] = {}
+    total: dict[str, Number] = {}
     for values in maps:
         for key, value in values.items():
             total[key] = total.get(key, 0) + value
@@ -917,6 +921,7 @@ def problem_runs(arms: Sequence[Arm]) -> list[ProblemRun]:
     ]
 
 
+# internal: a constructor's keyword arguments, not a result shape (the result is the `ProblemRun`)
 def _run_fields(row: RunRow) -> dict[str, Any]:
     """A run row's fields (but its reason), to make its `ProblemRun`; its ABSENT times stay absent."""
     return {f.name: getattr(row, f.name) for f in dataclasses.fields(RunRow) if f.name != "reason"}
