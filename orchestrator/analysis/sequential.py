@@ -656,17 +656,64 @@ def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]
     resumed or extended study has the same trace as one never interrupted)."""
     rounds = sorted({r for a in arms.values() for r in a.started})
     th = Thresholds.of(spec.alpha)
+    settings = _look_settings(spec)
     looks: list[Look] = []
     decided: dict[str, Decision] = {}
     for r in rounds:
-        icc = icc_at(arms, r, float(spec.assumed_icc))
-        bound = icc_upper_bound(
-            [a.upto(r) for a in arms.values()], float(spec.assumed_icc), _icc_confidence(spec)
-        )
-        current = look(hyps, arms, r, icc, th, spec, decided, icc_bound=bound)
+        key = (settings, tuple(hyps), r, _runs_upto(arms, r))
+        current = _LOOKS.get(key)
+        if current is None:
+            icc = icc_at(arms, r, float(spec.assumed_icc))
+            bound = icc_upper_bound(
+                [a.upto(r) for a in arms.values()], float(spec.assumed_icc), _icc_confidence(spec)
+            )
+            current = look(hyps, arms, r, icc, th, spec, decided, icc_bound=bound)
+            _remember(key, current)
         decided = {h: d for h, d in current.decisions.items() if d.verdict is not None}
         looks.append(current)
     return looks
+
+
+# A look is a pure function of the study's settings and the runs of rounds <= its own (the decisions it
+# inherits come from the looks before it, on fewer of those runs), so one already taken is taken again
+# only from that: the sweeper and the rehearsal ask for the whole trace at every round, and the earlier
+# looks of a study then cost nothing (the rehearsal's sequential studies: about half their time).
+_LOOKS: dict[tuple, Look] = {}
+_LOOKS_KEPT = 4096
+
+
+def _remember(key: tuple, taken: Look) -> None:
+    if len(_LOOKS) >= _LOOKS_KEPT:
+        _LOOKS.pop(next(iter(_LOOKS)))  # the oldest: dicts keep their insertion order
+    _LOOKS[key] = taken
+
+
+def _look_settings(spec: Any) -> tuple:
+    """Every setting of the study `trace` and `look` read, as a key."""
+    s = spec.stopping
+    return (
+        float(spec.alpha),
+        float(spec.assumed_icc),
+        _icc_confidence(spec),
+        float(spec.ceiling),
+        float(spec.min_effect),
+        bool(spec.min_effect_relative),
+        int(s.max_runs_per_arm),
+        int(s.min_runs_per_arm),
+        bool(s.futility),
+    )
+
+
+def _runs_upto(arms: Mapping[str, ArmRuns], round_index: int) -> tuple:
+    """Each arm's runs and started rounds up to `round_index`, as a key."""
+    return tuple(
+        (
+            label,
+            tuple((r, c) for r, c in sorted(a.counts.items()) if r <= round_index),
+            tuple(sorted(r for r in a.started if r <= round_index)),
+        )
+        for label, a in sorted(arms.items())
+    )
 
 
 @dataclass(frozen=True)
