@@ -223,3 +223,46 @@ def test_a_package_init_with_code_of_its_own_needs_a_row(tmp_path):
     bare.write_text('"""Doc."""\ndef make():\n    pass\n')
     assert needs_a_row(bare)
     assert needs_a_row(tmp_path / "plain.py")
+
+
+# The analysis returns typed results (orchestrator/analysis/result.py) from the start: a function that
+# returns a dict of anything is JSON, and only these sit at that boundary (the schema's writer, an
+# artifact's JSON read in, a ProblemRun's keyword arguments), beside the one free-key field of a typed row
+# (a DifferenceRow's `sets`: role -> "flag --x" -> the flag's value, whatever YAML scalar it is)
+JSON_BOUNDARY = {
+    "ddmin.difference_settings",
+    "result.json_schema",
+    "result._schema",
+    "result._object_schema",
+    "result.report_schema",
+    "divergence._output",
+    "study._run_fields",
+}
+
+
+def untyped_dict_returns(source: str, module: str) -> set[str]:
+    """`module.function` for each function of `source` whose return annotation holds a dict of `Any`."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            returns = ast.unparse(node.returns)
+            if re.search(r"\b[dD]ict\[[^\]]*\bAny\b", returns):
+                found.add(f"{module}.{node.name}")
+    return found
+
+
+def test_the_analysis_returns_no_untyped_dict_but_at_the_json_boundary():
+    found = set()
+    for path in sorted((ROOT / "orchestrator" / "analysis").glob("*.py")):
+        found |= untyped_dict_returns(path.read_text(), path.stem)
+    assert found == JSON_BOUNDARY, (sorted(found - JSON_BOUNDARY), sorted(JSON_BOUNDARY - found))
+
+
+def test_the_untyped_dict_finder_sees_one_in_a_nested_function_and_a_union():
+    source = (
+        "def f() -> int:\n"
+        "    def g() -> dict[str, Any] | None: ...\n"
+        "def h() -> list[Dict[str, Any]]: ...\n"
+        "def k() -> dict[str, int]: ...\n"
+    )
+    assert untyped_dict_returns(source, "m") == {"m.g", "m.h"}
