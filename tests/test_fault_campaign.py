@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import script_module
-from tests.remote.conftest import SSHD
+from tests.remote.conftest import sshd_missing
 
 fault_campaign = script_module("bench/fault_campaign.py", "fault_campaign")
 explained, campaign, COUNTS, KINDS = (
@@ -74,8 +73,9 @@ CLOCK = fault_campaign.DEFAULT_CLOCK / 2
 @pytest.mark.alone
 def test_a_few_dozen_faults_break_no_invariant():
     # half its episodes run over a real sshd it starts itself (fault_campaign.own_sshd), as the SSH tests do
-    if not Path(SSHD).is_file():
-        pytest.skip(f"no OpenSSH server at {SSHD} (Debian's openssh-server): the SSH episodes need one")
+    missing = sshd_missing()
+    if missing:
+        pytest.skip(f"{missing}: the SSH episodes need one")
     started = time.monotonic()
     with ThreadPoolExecutor(len(EPISODES)) as pool:
         episodes = list(

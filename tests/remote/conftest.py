@@ -88,10 +88,21 @@ class Keys:
     other_host: Path
 
 
+def sshd_missing() -> str | None:
+    """Why the tests that start a real sshd cannot run here (None: they can). A path that is there but
+    no program to run (a machine that hides it) counts as missing, as it would fail only at the start."""
+    if not (Path(SSHD).is_file() and os.access(SSHD, os.X_OK)):
+        return f"no OpenSSH server to run at {SSHD} (apt-get install -y openssh-server)"
+    if not shutil.which("ssh-keygen"):
+        return "no ssh-keygen (apt-get install -y openssh-client)"
+    return None
+
+
 @pytest.fixture(scope="session")
 def ssh_keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
-    if not Path(SSHD).exists() or not shutil.which("ssh-keygen"):
-        pytest.skip("OpenSSH server not installed (apt-get install -y openssh-server)")
+    missing = sshd_missing()
+    if missing:
+        pytest.skip(missing)
     d = tmp_path_factory.mktemp("sshkeys")
     return Keys(d, keygen(d / "user"), keygen(d / "other_user"), keygen(d / "host"), keygen(d / "other_host"))
 
