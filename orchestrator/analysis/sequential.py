@@ -656,7 +656,8 @@ def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]
     resumed or extended study has the same trace as one never interrupted)."""
     rounds = sorted({r for a in arms.values() for r in a.started})
     th = Thresholds.of(spec.alpha)
-    settings = _look_settings(spec)
+    # the whole study as its text: a look's key holds every setting `look` may read, now or later
+    settings = repr(spec)
     looks: list[Look] = []
     decided: dict[str, Decision] = {}
     for r in rounds:
@@ -674,10 +675,10 @@ def trace(spec: Any, hyps: Sequence[HypothesisArms], arms: Mapping[str, ArmRuns]
     return looks
 
 
-# A look is a pure function of the study's settings and the runs of rounds <= its own (the decisions it
-# inherits come from the looks before it, on fewer of those runs), so one already taken is taken again
-# only from that: the sweeper and the rehearsal ask for the whole trace at every round, and the earlier
-# looks of a study then cost nothing (the rehearsal's sequential studies: about half their time).
+# A look is a pure function of the study and the runs of rounds <= its own (the decisions it inherits
+# come from the looks before it, on fewer of those runs), so one already taken is taken again only from
+# that: the sweeper and the rehearsal ask for the whole trace at every round, and a study's earlier looks
+# then cost nothing (300 rehearsed seed-story studies: 5.25 -> 4.80 CPU-s; the rest is their analysis).
 _LOOKS: dict[tuple, Look] = {}
 _LOOKS_KEPT = 4096
 
@@ -686,22 +687,6 @@ def _remember(key: tuple, taken: Look) -> None:
     if len(_LOOKS) >= _LOOKS_KEPT:
         _LOOKS.pop(next(iter(_LOOKS)))  # the oldest: dicts keep their insertion order
     _LOOKS[key] = taken
-
-
-def _look_settings(spec: Any) -> tuple:
-    """Every setting of the study `trace` and `look` read, as a key."""
-    s = spec.stopping
-    return (
-        float(spec.alpha),
-        float(spec.assumed_icc),
-        _icc_confidence(spec),
-        float(spec.ceiling),
-        float(spec.min_effect),
-        bool(spec.min_effect_relative),
-        int(s.max_runs_per_arm),
-        int(s.min_runs_per_arm),
-        bool(s.futility),
-    )
 
 
 def _runs_upto(arms: Mapping[str, ArmRuns], round_index: int) -> tuple:
