@@ -88,13 +88,17 @@ class Keys:
     other_host: Path
 
 
+INSTALL_SSHD = "apt-get install -y openssh-server"
+INSTALL_KEYGEN = "apt-get install -y openssh-client"
+
+
 def sshd_missing() -> str | None:
     """Why the tests that start a real sshd cannot run here (None: they can). A path that is there but
     no program to run (a machine that hides it) counts as missing, as it would fail only at the start."""
     if not (Path(SSHD).is_file() and os.access(SSHD, os.X_OK)):
-        return f"no OpenSSH server to run at {SSHD} (apt-get install -y openssh-server)"
+        return f"no OpenSSH server to run at {SSHD} ({INSTALL_SSHD})"
     if not shutil.which("ssh-keygen"):
-        return "no ssh-keygen (apt-get install -y openssh-client)"
+        return f"no ssh-keygen ({INSTALL_KEYGEN})"
     return None
 
 
