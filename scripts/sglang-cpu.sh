@@ -4,7 +4,7 @@
 # installed with --no-deps (its own pins pull CUDA torch and ~70 packages), beside a CPU torch and the
 # few packages `import sglang.srt.server_args` needs (torch and triton through srt/utils/common.py).
 # The venv is cached ($HEISENHUNT_SGLANG_VENV, default ~/.cache/heisenhunt/sglang-<version>-cpu): the first
-# run takes about 75 s and 2.3 GB, later runs return at once.
+# run takes about 30 s with uv (67 s with pip alone) and 2.3 GB, later runs return at once.
 # Usage: scripts/sglang-cpu.sh   -> prints the venv's python, e.g. for
 #   python -m orchestrator -m +experiment=dsv4_corruption deployment=sglang_dsv4 preflight_only=true \
 #     ++cluster.hosts.prefill.python=$(scripts/sglang-cpu.sh) ++cluster.hosts.decode.python=$(scripts/sglang-cpu.sh)
@@ -22,10 +22,17 @@ echo "installing sglang $SGLANG_VERSION (no deps, CPU torch) into $VENV" >&2
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-# torch 2.13.0: a CPU build lies on this project's machines; elsewhere pip takes PyPI's
+# torch 2.13.0 with pip: a CPU build lies on this project's machines, where pip looks and uv does not
+# (uv would take a CUDA build of several GB); elsewhere pip takes PyPI's
 "${pip[@]}" torch==2.13.0 >&2
-"${pip[@]}" --no-deps "sglang==$SGLANG_VERSION" >&2
-"${pip[@]}" triton packaging numpy orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq \
+# the rest with uv where it is installed (here 6 s against 45 s with pip), else pip
+if "$PY" -m uv --version >/dev/null 2>&1; then
+  rest=("$PY" -m uv pip install -q --python "$VENV/bin/python" --compile-bytecode)
+else
+  rest=("${pip[@]}")
+fi
+"${rest[@]}" --no-deps "sglang==$SGLANG_VERSION" >&2
+"${rest[@]}" triton packaging numpy orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq \
   tqdm IPython aiohttp >&2
 got=$("$VENV/bin/python" -c "$check")
 [ "$got" = "$SGLANG_VERSION" ] || { echo "sglang $got imported, $SGLANG_VERSION expected" >&2; exit 1; }

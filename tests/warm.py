@@ -73,6 +73,9 @@ PRELOAD = (
     "orchestrator.remote",
     "orchestrator.run.pool",
     "hydra_plugins.heisenhunt_sweeper.study_sweeper",
+    # the sim's roles and the real router in front of them, as tests/sim/simkit.py starts them
+    "orchestrator.sim.server",
+    "orchestrator.sim.router",
 )
 # read when the interpreter starts or a preloaded library is imported (PYTHONUNBUFFERED is not: the
 # child's standard streams are built for the request's); the orchestrator sets MLFLOW_CONFIGURE_LOGGING

@@ -1,6 +1,8 @@
 """Test kit for the simulated PD deployment: start/stop real processes (prefill, decode, the real
-sglang-router) through LocalTransport, the study's factor levels as env/flags per role (the launch
-contract of the lead's planner), and a small async session driver with an exact-match oracle.
+sglang-router), each in a session of its own with its output in a log as LocalTransport starts a role,
+but forked from the test process's warm zygote (tests/warm.py); the study's factor levels as env/flags
+per role (the launch contract of the lead's planner), and a small async session driver with an
+exact-match oracle.
 
 The driver mirrors orchestrator/workload/stress.py (R streamed rounds per session, whole
 conversation resent each round, max_tokens 1024); it judges a turn corrupted unless it is exactly
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +29,7 @@ from orchestrator.remote.local import LocalTransport
 from orchestrator.sim.launch import router_launch, server_launch, wait_healthy
 from orchestrator.workload import tasks
 from orchestrator.workload.stress import StressSettings, run_stress_sync
+from tests import warm
 from tests.conftest import free_port
 
 MODEL = "deepseek-ai/DeepSeek-V4-Flash"
@@ -89,18 +94,32 @@ class Cluster:
     router_port: int = field(default_factory=free_port)
     procs: dict[str, Proc] = field(default_factory=dict)
     _n: int = 0
+    _started: list[Any] = field(default_factory=list)
 
     @property
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
 
     def _start(self, role: str, argv: list[str], env: Mapping[str, str], url: str) -> Proc:
+        """`argv` with `env` added, in a session of its own (its pid is its group's), its output in a log,
+        forked from the warm zygote: a sim server's cold start is ~0.25 CPU-s, most of it importing
+        aiohttp, and these tests co-restart a deployment a few hundred times. The orchestrator's own
+        start line (`Transport.start_detached`) is what tests/sim/test_launch.py and every study use;
+        `transport` still looks at and stops what this starts."""
         self._n += 1
         log_path = self.work / f"{role}-{self._n}.log"
-        pid = self.transport.start_detached(
-            argv, env, str(log_path), str(self.work / f"{role}-{self._n}.pid"), cwd=str(REPO)
-        )
-        proc = Proc(role, pid, log_path, url)
+        with open(log_path, "wb") as log:
+            started = warm.popen(
+                argv,
+                env={**os.environ, **env},
+                cwd=str(REPO),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._started.append(started)  # its exit status is reported to this handle
+        proc = Proc(role, started.pid, log_path, url)
         self.procs[role] = proc
         return proc
 
