@@ -92,6 +92,27 @@ def test_a_dry_run_prints_the_same_plan_warm_and_cold(tmp_path: Path, monkeypatc
     assert "hf_not_a_real_token_123" not in warm_run.stdout + warm_run.stderr
 
 
+def test_the_variables_taken_as_read_at_use_are_not_read_when_the_libraries_import():
+    """Each READ_AT_USE_ENV prefix, as MLflow names its variables, set to a value MLflow cannot parse: the
+    zygote's libraries still import (a variable read at import would raise there), and MLflow's own reader
+    raises on it at use."""
+    names = [
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    ]
+    assert all(name.startswith(warm.READ_AT_USE_ENV) for name in names)
+    libraries = [m for m in warm.PRELOAD if m.split(".")[0] == "mlflow"]
+    check = (
+        f"import {', '.join(libraries)}\n"
+        "from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES as v\n"
+        "try:\n    v.get()\nexcept ValueError:\n    print('raised at use')\n"
+    )
+    env = {**os.environ, **dict.fromkeys(names, "not-a-number")}
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "raised at use", done.stderr[-2000:]
+
+
 def test_what_a_fork_cannot_reproduce_runs_cold(monkeypatch):
     env = dict(os.environ)
     zygote_env = warm.zygote().env
@@ -106,6 +127,9 @@ def test_what_a_fork_cannot_reproduce_runs_cold(monkeypatch):
     # the orchestrator's own default for MLflow's logging is the zygote's, and unbuffered output is built
     assert warm.cold_reason(ORCH, {"env": {**env, "MLFLOW_CONFIGURE_LOGGING": "false"}}, zygote_env) is None
     assert warm.cold_reason(ORCH, {"env": {**env, "PYTHONUNBUFFERED": "1"}}, zygote_env) is None
+    # MLflow's HTTP retries are read at each request, never at import (next test)
+    retries = {**env, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    assert warm.cold_reason(ORCH, {"env": retries}, zygote_env) is None
     proc = warm.popen([*ORCH, "--help"], stdout=subprocess.DEVNULL, preexec_fn=lambda: None)
     assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
     monkeypatch.setenv(warm.COLD_ENV, "1")

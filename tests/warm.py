@@ -81,6 +81,10 @@ PRELOAD = (
 # child's standard streams are built for the request's); the orchestrator sets MLFLOW_CONFIGURE_LOGGING
 # before it imports MLflow, so the zygote does too
 IMPORT_TIME_ENV = ("PYTHON", "MLFLOW_", "AIOHTTP_", "NUMPY_", "OPENBLAS_", "OMP_", "MKL_", "MPL", "LD_")
+# ... but for these, which the library reads at each use, never at import (MLflow's HTTP retries:
+# mlflow/utils/rest_utils.py and store/artifact/http_artifact_repo.py read them per request; the team-server
+# tests set them, and ran cold for it)
+READ_AT_USE_ENV = ("MLFLOW_HTTP_REQUEST_",)
 ZYGOTE_DEFAULTS = {"MLFLOW_CONFIGURE_LOGGING": "false"}
 WARM_OPTIONS = frozenset(
     {
@@ -101,7 +105,11 @@ COLD_ENV = "HEISENHUNT_TEST_COLD"
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     """The part of an environment a started interpreter has already read."""
     env = {**ZYGOTE_DEFAULTS, **env}
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k != "PYTHONUNBUFFERED"}
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(IMPORT_TIME_ENV) and not k.startswith(READ_AT_USE_ENV) and k != "PYTHONUNBUFFERED"
+    }
 
 
 def cold_reason(argv: Sequence[str], options: Mapping[str, Any], zygote_env: Mapping[str, str]) -> str | None:
