@@ -74,9 +74,13 @@ FIXED = Arm(multi_stream=False)
 @dataclass
 class Proc:
     role: str
-    pid: int
     log_path: Path
     url: str
+    started: Any  # the Popen or warm.WarmProcess: reaped, and its exit status read, once stopped
+
+    @property
+    def pid(self) -> int:
+        return self.started.pid
 
 
 @dataclass
@@ -94,7 +98,6 @@ class Cluster:
     router_port: int = field(default_factory=free_port)
     procs: dict[str, Proc] = field(default_factory=dict)
     _n: int = 0
-    _started: list[Any] = field(default_factory=list)
 
     @property
     def router_url(self) -> str:
@@ -118,8 +121,7 @@ class Cluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._started.append(started)  # its exit status is reported to this handle
-        proc = Proc(role, started.pid, log_path, url)
+        proc = Proc(role, log_path, url, started)
         self.procs[role] = proc
         return proc
 
@@ -173,6 +175,7 @@ class Cluster:
         proc = self.procs.pop(role, None)
         if proc is not None:
             self.transport.stop_group(proc.pid, grace_s=5.0)
+            proc.started.wait(timeout=10.0)  # the group is gone: its status is there to read
 
     def stop_all(self) -> None:
         for role in ("router", "decode", "prefill"):
