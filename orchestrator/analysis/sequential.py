@@ -78,6 +78,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import special
 from scipy.stats import chi2
 
 from orchestrator.analysis import result
@@ -123,16 +124,6 @@ def round_icc(icc: float) -> float:
     return math.ceil(icc / ICC_STEP - 1e-9) * ICC_STEP if icc > 0 else 0.0
 
 
-def _run_loglik(k: int, n: int, p: np.ndarray, icc: float) -> np.ndarray:
-    outside = (p <= 0) | (p >= 1)
-    p = np.clip(p, 1e-12, 1 - 1e-12)
-    if icc <= 0:
-        out = k * np.log(p) + (n - k) * np.log1p(-p)
-    else:
-        out = beta_binomial_kernel(k, n, *beta_shape(p, icc))
-    return np.where(outside, -np.inf, out)
-
-
 # a grid: its name, or (name, scale, shift) for name * scale + shift
 GridKey = str | tuple[str, float, float]
 
@@ -145,9 +136,28 @@ def grid(key: GridKey) -> np.ndarray:
     return GRIDS[name] * scale + shift
 
 
+@functools.lru_cache(maxsize=256)
+def _grid_terms(key: GridKey, icc: float) -> tuple[np.ndarray, ...]:
+    """What a grid's likelihood needs that no count changes: the rates outside (0, 1), and log p and
+    log(1 - p) (binomial) or a, b and betaln(a, b) of each rate's Beta (beta-binomial)."""
+    p = grid(key)
+    outside = (p <= 0) | (p >= 1)
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    if icc <= 0:
+        return outside, np.log(p), np.log1p(-p)
+    a, b = beta_shape(p, icc)
+    return outside, a, b, special.betaln(a, b)
+
+
 @functools.lru_cache(maxsize=65536)
 def _grid_loglik(k: int, n: int, key: GridKey, icc: float) -> np.ndarray:
-    return _run_loglik(k, n, grid(key), icc)
+    outside, *terms = _grid_terms(key, icc)
+    if icc <= 0:
+        log_p, log_q = terms
+        out = k * log_p + (n - k) * log_q
+    else:
+        out = beta_binomial_kernel(k, n, *terms)
+    return np.where(outside, -np.inf, out)
 
 
 def run_loglik(runs: Runs, key: GridKey, icc: float) -> np.ndarray:

@@ -299,16 +299,26 @@ def beta_shape(mean: Any, icc: float) -> tuple[Any, Any]:
     return mean * scale, (1 - mean) * scale
 
 
-def beta_binomial_kernel(k: Any, n: Any, a: Any, b: Any) -> Any:
+def beta_binomial_kernel(k: Any, n: Any, a: Any, b: Any, log_beta_ab: Any = None) -> Any:
     """log P(k of n) for a run whose rate is Beta(a, b), without the binomial coefficient (which cancels
-    in every likelihood ratio)."""
-    return special.betaln(k + a, n - k + b) - special.betaln(a, b)
+    in every likelihood ratio). `log_beta_ab`: betaln(a, b), where the caller keeps it (it depends on the
+    rate and ICC alone, not on the counts: half the work of a grid's likelihood)."""
+    return special.betaln(k + a, n - k + b) - (special.betaln(a, b) if log_beta_ab is None else log_beta_ab)
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_binomial_coefficients(n: int, length: int) -> np.ndarray:
+    """log C(n, x) for x < length: the same at every rate an exact bound's root search tries."""
+    x = np.arange(length)
+    coefficients = special.gammaln(n + 1) - special.gammaln(x + 1) - special.gammaln(n - x + 1)
+    coefficients.flags.writeable = False  # shared by every caller through the cache
+    return coefficients
 
 
 def _beta_binomial_log_pmf(x: np.ndarray, n: int, a: float, b: float) -> np.ndarray:
-    """log P(X = x) for X ~ BetaBinomial(n, a, b): one run's count when its rate is Beta(a, b)."""
-    coefficient = special.gammaln(n + 1) - special.gammaln(x + 1) - special.gammaln(n - x + 1)
-    return coefficient + beta_binomial_kernel(x, n, a, b)
+    """log P(X = x) for X ~ BetaBinomial(n, a, b), x = 0, 1, ...: one run's count when its rate is
+    Beta(a, b)."""
+    return _log_binomial_coefficients(n, x.size) + beta_binomial_kernel(x, n, a, b)
 
 
 def _runs_cdf(k: int, sizes: tuple[int, ...], q: float, icc: float) -> float:

@@ -180,8 +180,9 @@ DDMIN_ATTEMPT_BLOCK = 1000
 def difference_label(applied: Sequence[str], ids: Sequence[str]) -> str:
     """The ddmin differences an arm applies, short: "+a +b", or "bad" (all of them) and "bad -c" (all
     but a few), whichever is shorter to read."""
-    chosen = [d for d in ids if d in set(applied)]
-    left_out = [d for d in ids if d not in set(applied)]
+    applied_set = set(applied)
+    chosen = [d for d in ids if d in applied_set]
+    left_out = [d for d in ids if d not in applied_set]
     if chosen and len(left_out) < len(chosen):
         return " ".join(["bad", *(f"-{d}" for d in left_out)])
     return " ".join(f"+{d}" for d in chosen) or GOOD
