@@ -61,15 +61,25 @@ def test_every_kind_has_a_rule_and_phases():
 
 # four short studies at once, two on the local cluster and two over a real sshd: each sweep co-restarts
 # its own servers on ports of its own, so the four overlap in time; the first sweep of each may end in the
-# orchestrator's own death (a resume follows, run clean). The sim's clock at twice the default's speed,
-# the faults' delays into the phases it paces with it: the same phases hit, each in half the time
+# orchestrator's own death (a resume follows, run clean). Four arms each (multi_stream on/off x two
+# repetitions): a study's own overhead (two orchestrators, their reports, an sshd, the checker's rebuild) is
+# most of its cost, and six arms took 65-76 s where four take 41-47 s. Up to four ends of a sweep, one per
+# study, one for each of the orchestrator's own deaths and interrupts; these seeds drew all 13 kinds in runs
+# here, the six-arm campaign 12. The sim's clock at twice the default's speed, the faults' delays into the
+# phases it paces with it: the same phases hit, each in half the time
 EPISODES = [("local", 32), ("ssh", 33), ("local", 34), ("ssh", 35)]
+ARMS = 4
 CLOCK = fault_campaign.DEFAULT_CLOCK / 2
+# every arm is run, and draws its fault, at least once: 16 draws. A draw is no fault 8% of the time, and
+# about 12% of the faults drawn find no moment to land before their sweep ends (15 of 126 over seven
+# campaigns here): 16 draws at 0.92 x 0.88 inject fewer than 8 once in a thousand campaigns. The resumes'
+# draws come on top (15-16 faults in all in five four-arm campaigns here)
+LEAST_INJECTED = 8
 
 
 @pytest.mark.slow
-# alone: its four studies keep the two cores busy on their own (45-49 s); beside the suite's other tests
-# they ran 60-68 s, CPU-bound, and the faults' moments drifted with the load
+# alone: its four studies keep the two cores busy on their own (41-47 s); beside the suite's other tests
+# they ran longer, CPU-bound, and the faults' moments drifted with the load
 @pytest.mark.alone
 def test_a_few_dozen_faults_break_no_invariant():
     # half its episodes run over a real sshd it starts itself (fault_campaign.own_sshd), as the SSH tests do
@@ -81,7 +91,7 @@ def test_a_few_dozen_faults_break_no_invariant():
         episodes = list(
             pool.map(
                 lambda ep: fault_campaign.run_episode(
-                    ep[1], ep[0], arms=6, ssh_env={}, sweeps=2, clock=CLOCK
+                    ep[1], ep[0], arms=ARMS, ssh_env={}, sweeps=2, clock=CLOCK
                 ),
                 EPISODES,
             )
@@ -89,4 +99,4 @@ def test_a_few_dozen_faults_break_no_invariant():
     summary = fault_campaign.summarise(episodes, time.monotonic() - started)
     broken = {name: summary[name] for name in COUNTS if summary[name]}
     assert not broken, summary["failures"]
-    assert summary["faults_injected"] >= 18, summary
+    assert summary["faults_injected"] >= LEAST_INJECTED, summary

@@ -6,7 +6,6 @@ summaries and one diverged session's artifact per arm), and kept through report.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +22,8 @@ from orchestrator.report.pipeline import StudyCallback
 from orchestrator.report.render import DIVERGENCE_PLOT, dumps, render_markdown
 from orchestrator.tracking.write import ArmTracker
 from orchestrator.workload.results import SessionOutcome, StressSummary
-from tests.conftest import job_and_plan, orchestrator_argv
+from tests import warm
+from tests.conftest import FAST_SIM, job_and_plan, orchestrator_argv
 
 DIVERGENCE = "workload.oracle=divergence"
 REFERENCE_TEXT = '\n[run_shell] {"command": "wc -l src/scheduler.py", "timeout_s": 120}'
@@ -170,7 +170,7 @@ def test_a_divergence_study_names_its_oracle_plots_and_shows_an_example_rebuilt_
 
     # report.json keeps it all: rebuilt from MLflow alone, and judged again from report.json alone
     (target / "report.json").unlink()
-    proc = subprocess.run(
+    proc = warm.run(
         [
             sys.executable, "-m", "orchestrator.report", "--tracking-uri", str(cfg.tracking.uri),
             "--study", str(cfg.study.name), "--out", str(cfg.report.dir), "--no-plots",
@@ -244,6 +244,8 @@ def test_an_example_keeps_a_bounded_excerpt_around_the_first_difference():
 @pytest.mark.slow
 def test_a_real_divergence_study_reports_in_the_oracles_words(tmp_path):
     """The whole path: `python -m orchestrator workload.oracle=divergence` on the embedded default."""
+    # the sim's clock at FAST_SIM's: the reference pass runs its sessions one at a time (most of the
+    # stress phase), and nothing here is about its pace
     argv = orchestrator_argv(
         tmp_path,
         DIVERGENCE,
@@ -251,8 +253,9 @@ def test_a_real_divergence_study_reports_in_the_oracles_words(tmp_path):
         "workload.rounds=2",
         "repetition=0,1",
         "bench.enabled=false",
+        *FAST_SIM,
     )
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = warm.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     target = tmp_path / "reports" / "quick"
     report = json.loads((target / "report.json").read_text())

@@ -28,15 +28,18 @@ ICC = 0.005  # the built-in model's restart_icc
 HOGS_PER_CPU = 2
 
 
-def one_run(c, out: Path, seed: int) -> dict[str, float]:
-    """A fresh co-restarted start of the baseline arm, one stress run; its counts and loads."""
+def one_run(c, out: Path, seed: int, hogs_per_cpu: int = 0) -> dict[str, float]:
+    """A fresh co-restarted start of the baseline arm, then one stress run beside `hogs_per_cpu` busy loops
+    a CPU; its counts and loads. The hogs start once the deployment is up: they are there to slow the
+    client between turns, which the load must not follow (a co-restart under them only took longer)."""
     c.stop_all()
     c.start_all(BASELINE)
     decode = c.procs["decode"].url
     before = sim_counters(decode)
-    monitor = DecodeLoadMonitor(decode + "/metrics", planned=SESSIONS).start()
-    summary = run_stress_sync(stress_settings(c, out, SESSIONS, ROUNDS, seed))
-    reported = monitor.stop()
+    with cpu_hogs(hogs_per_cpu):
+        monitor = DecodeLoadMonitor(decode + "/metrics", planned=SESSIONS).start()
+        summary = run_stress_sync(stress_settings(c, out, SESSIONS, ROUNDS, seed))
+        reported = monitor.stop()
     after = sim_counters(decode)
     assert summary.errored == 0 and summary.sessions == SESSIONS
     assert summary.corrupted == after["corrupted_turns"] - before["corrupted_turns"]
@@ -66,8 +69,7 @@ def test_a_busy_host_changes_neither_the_load_reached_nor_the_rate(cluster, tmp_
     runs: dict[str, list[dict[str, float]]] = {"idle": [], "hogged": []}
     for rep in range(REPS):  # interleaved, so whatever else the host does weighs on both alike
         runs["idle"].append(one_run(c, tmp_path / f"idle{rep}", seed=4000 + rep))
-        with cpu_hogs(HOGS_PER_CPU):
-            runs["hogged"].append(one_run(c, tmp_path / f"hog{rep}", seed=5000 + rep))
+        runs["hogged"].append(one_run(c, tmp_path / f"hog{rep}", seed=5000 + rep, hogs_per_cpu=HOGS_PER_CPU))
     summary = {k: {f: [r[f] for r in v] for f in v[0]} for k, v in runs.items()}
     idle, hogged = runs["idle"], runs["hogged"]
     # (the durations are only shown, in the messages: a run of 60 sessions takes 1-1.5 s, and how much
@@ -80,7 +82,9 @@ def test_a_busy_host_changes_neither_the_load_reached_nor_the_rate(cluster, tmp_
         assert abs(mh - mi) <= max(3 * math.hypot(si, sh), 0.05 * mi), (field, summary)
         assert min(mi, mh) >= 0.8 * SESSIONS, (field, summary)  # neither fell short of the plan
 
-    # the corruption rate: equal within sampling error (beta-binomial: sessions of one start correlate)
+    # the corruption rate: equal within sampling error (beta-binomial: sessions of one start correlate).
+    # At the baseline's ~16.6%, 300 sessions a side, 3 SE is 10.4 points: a host that moved the rate by 13
+    # points fails this 4 times in 5, issue 17's 20% -> 8.9% 3 times in 5; the load above is the finer check
     n = REPS * SESSIONS
     ki, kh = sum(r["corrupted"] for r in idle), sum(r["corrupted"] for r in hogged)
     p = (ki + kh) / (2 * n)

@@ -16,6 +16,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from tests.conftest import sim_clock
 from tests.test_study import SMALL, finish, kill_if_running, no_servers_left, orchestrator
 
 # one SLURM for the module (loadgroup: on one pytest worker); each test runs whole studies as jobs
@@ -75,9 +76,12 @@ def one_of_two_arms_ended_mid_stress(slurm, tmp_path: Path, end_job) -> tuple[st
     """A study of two arms (one repetition each), the first long enough to be ended mid-stress by
     `end_job(job_id)`; the sweep must go on and run the other to its end, leaving nothing running.
     Returns the ended job's id and its arm's run."""
+    # one session at a time (~0.3 s each) makes the stress last ~10 s, not many sessions: the other arm
+    # runs all of them (400 at once ran 400 for nothing)
     proc = orchestrator(
-        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400"
-    )
+        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=32",
+        "workload.concurrency=1",
+    )  # fmt: skip
     try:
         job = stressing_job(slurm, tmp_path)
         end_job(job)
@@ -101,10 +105,14 @@ def test_a_job_cancelled_by_scancel_mid_stress_is_one_failed_arm(slurm, tmp_path
 
 
 def test_ctrl_c_of_the_driver_cancels_every_job_and_leaves_nothing_running(slurm, tmp_path):
-    proc = orchestrator(tmp_path, *ON_SLURM, *SMALL, "workload.sessions=400", "workload.concurrency=2")
+    # two arms: one to stop mid-stress, one queued behind it (each of the sweep's six would be a job)
+    proc = orchestrator(
+        tmp_path, *ON_SLURM, *SMALL, "hydra.sweeper.default_params.repetition=0", "workload.sessions=400",
+        "workload.concurrency=2",
+    )  # fmt: skip
     try:
         stressing_job(slurm, tmp_path)
-        assert len(slurm.queue()) == 6  # one running, five queued behind it (--exclusive)
+        assert len(slurm.queue()) == 2  # one running, one queued behind it (--exclusive)
         proc.send_signal(signal.SIGINT)
         out = finish(proc, 300)
     finally:
@@ -118,18 +126,20 @@ def test_ctrl_c_of_the_driver_cancels_every_job_and_leaves_nothing_running(slurm
 
 
 def test_a_job_past_its_time_limit_is_a_failed_arm_saying_so(slurm, tmp_path):
-    # a one-minute limit (SLURM's smallest) on an arm that needs longer: two sessions at a time, so that
-    # the minute it waits for is not a minute of the suite's CPU
+    # a one-minute limit (SLURM's smallest) on an arm that needs longer: one session at a time, on the
+    # modelled hardware's clock (~1.4 s a session, not 0.3), so that the minute it waits for is not a
+    # minute of the suite's CPU
     proc = orchestrator(
         tmp_path,
         *ON_SLURM,
         *SMALL,
+        *sim_clock(1.0),
         "hydra.sweeper.default_params.repetition=0",
         "factor/multi_stream=on",
         "hydra.launcher.sbatch.time=1",
         "hydra.launcher.sbatch.signal_delay_s=5",
         "workload.sessions=5000",
-        "workload.concurrency=2",
+        "workload.concurrency=1",
     )
     try:
         out = finish(proc, 600)
