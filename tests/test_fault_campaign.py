@@ -63,10 +63,10 @@ def test_every_kind_has_a_rule_and_phases():
 # its own servers on ports of its own, so the four overlap in time; the first sweep of each may end in the
 # orchestrator's own death (a resume follows, run clean). Four arms each (multi_stream on/off x two
 # repetitions): a study's own overhead (two orchestrators, their reports, an sshd, the checker's rebuild) is
-# most of its cost, and six arms took 65-76 s where four take 41-47 s. Up to four ends of a sweep, one per
-# study, one for each of the orchestrator's own deaths and interrupts; these seeds drew all 13 kinds in runs
-# here, the six-arm campaign 12. The sim's clock at twice the default's speed, the faults' delays into the
-# phases it paces with it: the same phases hit, each in half the time
+# most of its cost; side by side, six arms took 64-72 s and 104-114 CPU-s, four 53-59 s and 86-100. Up to
+# four ends of a sweep, one per study, one for each of the orchestrator's own deaths and interrupts; these
+# seeds drew all 13 kinds in runs here, the six-arm campaign 12. The sim's clock at twice the default's
+# speed, the faults' delays into the phases it paces with it: the same phases hit, each in half the time
 EPISODES = [("local", 32), ("ssh", 33), ("local", 34), ("ssh", 35)]
 ARMS = 4
 CLOCK = fault_campaign.DEFAULT_CLOCK / 2
@@ -78,7 +78,7 @@ LEAST_INJECTED = 8
 
 
 @pytest.mark.slow
-# alone: its four studies keep the two cores busy on their own (41-47 s); beside the suite's other tests
+# alone: its four studies keep the two cores busy on their own (41-64 s here); beside the suite's other tests
 # they ran longer, CPU-bound, and the faults' moments drifted with the load
 @pytest.mark.alone
 def test_a_few_dozen_faults_break_no_invariant():
