@@ -20,7 +20,11 @@ from orchestrator.study.rehearse import (
     sequential_study,
     study_arms,
 )
+from tests import montecarlo
 from tests.test_rehearse import SEED_STORY, SPEC
+
+# studies a batch of a Monte Carlo check (tests/montecarlo.py)
+BATCH = 250
 
 
 def dsv4_spec(**stopping) -> StudyConf:
@@ -36,26 +40,41 @@ def truths(spec: StudyConf, rates: dict[str, float], icc: float) -> list[ArmTrut
 
 
 @pytest.mark.slow
-# 2,000 studies where the error is likeliest (restart ICC 0.1), 1,000 without between-run variation
+# up to 2,000 studies where the error is likeliest (restart ICC 0.1), 1,000 without between-run variation,
+# in batches of 250 that stop once the error's exact upper bound is under alpha (tests/montecarlo.py)
 @pytest.mark.parametrize(
     ("rate", "icc", "studies"), [(0.03, 0.0, 1000), (0.03, 0.1, 2000), (0.15, 0.0, 1000), (0.15, 0.1, 2000)]
 )
 def test_null_models_keep_family_wise_false_implication_under_alpha(rate, icc, studies):
     spec = dsv4_spec(max_runs_per_arm=4)
     arms = truths(spec, dict.fromkeys(SEED_STORY, rate), icc)
-    result = rehearse_sequential(spec, arms, sessions=60, studies=studies, seed=11)
-    assert result["family_false_implication"] <= spec.alpha, result["family_false_implication"]
+
+    def batch(i: int) -> tuple[int, int]:
+        result = rehearse_sequential(spec, arms, sessions=60, studies=BATCH, seed=11 + 1000 * i)
+        return round(result["family_false_implication"] * BATCH), BATCH
+
+    check = montecarlo.rate_at_most(batch, spec.alpha, max_batches=studies // BATCH)
+    assert check.rate <= spec.alpha, str(check)
 
 
 @pytest.mark.slow
 def test_many_looks_and_killed_runs_keep_the_error_under_alpha():
     """Six looks with nothing stopped for futility, a fifth of the runs killed part-way (their outcomes
-    are mostly corrupted sessions, never pooled), between-run ICC 0.1: still under alpha."""
+    are mostly corrupted sessions, never pooled), between-run ICC 0.1: still under alpha (up to 1,000
+    studies)."""
     spec = dsv4_spec(max_runs_per_arm=6, futility=False)
     arms = truths(spec, dict.fromkeys(SEED_STORY, 0.15), 0.1)
-    result = rehearse_sequential(spec, arms, sessions=60, studies=1000, seed=12, kill_rate=0.2)
-    assert result["rounds_per_study"] > 5  # the looks were taken
-    assert result["family_false_implication"] <= spec.alpha, result
+    rounds = []
+
+    def batch(i: int) -> tuple[int, int]:
+        seed = 12 + 1000 * i
+        result = rehearse_sequential(spec, arms, sessions=60, studies=BATCH, seed=seed, kill_rate=0.2)
+        rounds.append(result["rounds_per_study"])
+        return round(result["family_false_implication"] * BATCH), BATCH
+
+    check = montecarlo.rate_at_most(batch, spec.alpha, max_batches=1000 // BATCH)
+    assert sum(rounds) / len(rounds) > 5  # the looks were taken
+    assert check.rate <= spec.alpha, str(check)
 
 
 @pytest.mark.slow

@@ -164,6 +164,7 @@ def pooled_arm(arm_id: str, runs: Sequence[RunRecord], spec: StudySpec, icc: flo
     k_eff, n_eff = stats.effective_counts(k, n, deff)
     lo, hi = stats.runs_interval(run_counts, icc)
     used_reps = {r.repetition for r in used}
+    used_ids = {id(r) for r in used}  # (not `r in used`: a dataclass __eq__ per pair, quadratic)
     missing = [r for r in group if not run_used(r) and r.repetition not in used_reps]
     finished = [r for r in group if r.status == "FINISHED"]
     config_run = finished[0] if finished else group[0]
@@ -190,7 +191,7 @@ def pooled_arm(arm_id: str, runs: Sequence[RunRecord], spec: StudySpec, icc: flo
         client_bound=any(r.client_bound for r in finished),
         missing_usage=sum(r.missing_usage for r in finished),
         families=_sum_maps(r.families for r in used),
-        runs=tuple(run_row(r, r in used) for r in group),
+        runs=tuple(run_row(r, id(r) in used_ids) for r in group),
         facts=_sum_maps(r.facts for r in used),
         config=config_run.config,
         throughput=_arm_throughput(finished),
