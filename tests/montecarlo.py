@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scipy import stats
+from orchestrator.analysis import stats
 
 DELTA = 1e-3  # the chance, over all the looks, that a rate above the threshold is accepted early
 
@@ -44,25 +44,19 @@ class RateCheck:
         )
 
 
-def upper_bound(events: int, trials: int, level: float) -> float:
-    """The exact one-sided upper confidence bound on a binomial rate: P(rate > bound) <= level."""
-    if events >= trials:
-        return 1.0
-    return float(stats.beta.ppf(1 - level, events + 1, trials - events))
-
-
 def rate_at_most(
     batch: Callable[[int], tuple[int, int]], threshold: float, max_batches: int, delta: float = DELTA
 ) -> RateCheck:
     """Runs `batch(i)` (i = 0, 1, ...; its events and trials, drawn with a seed of batch i's own) until the
     rate's upper bound is under `threshold`, or `max_batches` have run. The caller asserts
     `check.rate <= threshold` (true at once where the bound settled it)."""
-    level = delta / max_batches
+    # one-sided at delta / max_batches: the upper limit of the two-sided interval at twice that
+    confidence = 1 - 2 * delta / max_batches
     events = trials = 0
     for i in range(max_batches):
         k, n = batch(i)
         events, trials = events + k, trials + n
-        upper = upper_bound(events, trials, level)
+        upper = stats.upper_bound(events, trials, confidence)
         if upper < threshold:
             return RateCheck(events, trials, i + 1, upper, early=i + 1 < max_batches)
     return RateCheck(events, trials, max_batches, upper, early=False)

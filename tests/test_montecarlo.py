@@ -51,8 +51,9 @@ def test_an_unsettled_rate_runs_every_batch_and_is_judged_on_its_point_estimate(
     assert "point estimate" in str(check)
 
 
-def test_the_bound_is_the_exact_clopper_pearson_one():
-    # 0 of n: the bound solves (1 - u)^n = level
-    assert montecarlo.upper_bound(0, 250, 1e-3) == pytest.approx(1 - 1e-3 ** (1 / 250))
-    assert montecarlo.upper_bound(5, 5, 0.01) == 1.0
-    assert montecarlo.upper_bound(3, 100, 0.05) > 0.03
+def test_the_bound_is_the_exact_one_sided_clopper_pearson_one_at_delta_over_the_looks():
+    # 0 of n: the bound solves (1 - u)^n = level, level = delta / looks
+    check = montecarlo.rate_at_most(lambda i: (0, 250), 0.05, max_batches=8)
+    assert check.upper == pytest.approx(1 - (montecarlo.DELTA / 8) ** (1 / 250))
+    assert montecarlo.rate_at_most(lambda i: (5, 5), 0.05, max_batches=1).upper == 1.0
+    assert montecarlo.rate_at_most(lambda i: (3, 100), 0.05, max_batches=1, delta=0.05).upper > 0.03

@@ -5,6 +5,7 @@ the sweeper calls) and judges it with `analysis.analyse`, as a sequential study'
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -25,6 +26,19 @@ from tests.test_rehearse import SEED_STORY, SPEC
 
 # studies a batch of a Monte Carlo check (tests/montecarlo.py)
 BATCH = 250
+
+
+def null_batches(spec: StudyConf, arms: list[ArmTruth], seed: int, **rehearse) -> tuple[Callable, list]:
+    """A Monte Carlo check's batches of `rehearse_sequential` (batch i seeded seed + 1000 i): each batch's
+    studies with a false implication and its studies; and the list every batch's result is added to."""
+    results: list[dict] = []
+
+    def batch(i: int) -> tuple[int, int]:
+        result = rehearse_sequential(spec, arms, sessions=60, studies=BATCH, seed=seed + 1000 * i, **rehearse)
+        results.append(result)
+        return round(result["family_false_implication"] * BATCH), BATCH
+
+    return batch, results
 
 
 def dsv4_spec(**stopping) -> StudyConf:
@@ -48,11 +62,7 @@ def truths(spec: StudyConf, rates: dict[str, float], icc: float) -> list[ArmTrut
 def test_null_models_keep_family_wise_false_implication_under_alpha(rate, icc, studies):
     spec = dsv4_spec(max_runs_per_arm=4)
     arms = truths(spec, dict.fromkeys(SEED_STORY, rate), icc)
-
-    def batch(i: int) -> tuple[int, int]:
-        result = rehearse_sequential(spec, arms, sessions=60, studies=BATCH, seed=11 + 1000 * i)
-        return round(result["family_false_implication"] * BATCH), BATCH
-
+    batch, _ = null_batches(spec, arms, seed=11)
     check = montecarlo.rate_at_most(batch, spec.alpha, max_batches=studies // BATCH)
     assert check.rate <= spec.alpha, str(check)
 
@@ -64,16 +74,9 @@ def test_many_looks_and_killed_runs_keep_the_error_under_alpha():
     studies)."""
     spec = dsv4_spec(max_runs_per_arm=6, futility=False)
     arms = truths(spec, dict.fromkeys(SEED_STORY, 0.15), 0.1)
-    rounds = []
-
-    def batch(i: int) -> tuple[int, int]:
-        seed = 12 + 1000 * i
-        result = rehearse_sequential(spec, arms, sessions=60, studies=BATCH, seed=seed, kill_rate=0.2)
-        rounds.append(result["rounds_per_study"])
-        return round(result["family_false_implication"] * BATCH), BATCH
-
+    batch, results = null_batches(spec, arms, seed=12, kill_rate=0.2)
     check = montecarlo.rate_at_most(batch, spec.alpha, max_batches=1000 // BATCH)
-    assert sum(rounds) / len(rounds) > 5  # the looks were taken
+    assert sum(r["rounds_per_study"] for r in results) / len(results) > 5  # the looks were taken
     assert check.rate <= spec.alpha, str(check)
 
 
