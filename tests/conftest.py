@@ -36,6 +36,7 @@ from tests.repo_hygiene import (  # noqa: F401 - pytest hooks: a session that le
     pytest_sessionfinish,
     pytest_sessionstart,
 )
+from tests.shared_runs import default_run, factorial_run  # noqa: F401 - fixtures: studies two files judge
 
 _ISSUED: set[int] = set()
 # Ports are drawn below Linux's ephemeral range (32768-60999), where the kernel never hands out the local
@@ -242,29 +243,49 @@ def script_module(path: str, name: str) -> types.ModuleType:
 
 
 _MIGRATING = threading.Lock()
+# where the run's one migrated store lives: set by the first process of a run (the controller, under
+# pytest-xdist, before its workers start) and inherited by its workers, which share the store in it
+_TEMPLATE_DIR_ENV = "HEISENHUNT_TEST_MLFLOW_TEMPLATE_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _TEMPLATE_DIR_ENV not in os.environ:
+        os.environ[_TEMPLATE_DIR_ENV] = tempfile.mkdtemp(prefix="hh-mlflow-template-")
+        config.add_cleanup(functools.partial(shutil.rmtree, os.environ[_TEMPLATE_DIR_ENV], True))
 
 
 def _migrated_store() -> Path:
-    """One MLflow sqlite store per test process, created by MLflow itself (every schema migration run)."""
+    """One MLflow sqlite store per test run, created by MLflow itself (every schema migration run) in the
+    first process that needs it; the others (pytest-xdist's workers) wait for it and share it."""
     with _MIGRATING:  # threads that ask at once (the campaign test's episodes) wait for the one migration
         return _migrate_once()
 
 
 @functools.cache
 def _migrate_once() -> Path:
-    from mlflow import MlflowClient
+    if _TEMPLATE_DIR_ENV in os.environ:
+        folder = Path(os.environ[_TEMPLATE_DIR_ENV])
+    else:  # a bench script's process, outside pytest: a store of its own, gone with it
+        folder = Path(tempfile.mkdtemp(prefix="hh-mlflow-template-"))
+        atexit.register(shutil.rmtree, folder, True)
+    path = folder / "mlflow.db"
+    with open(folder / "migrating.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one migration a run: the other workers wait for it
+        if not path.exists():
+            from mlflow import MlflowClient
 
-    path = Path(tempfile.mkdtemp(prefix="hh-mlflow-template-")) / "mlflow.db"
-    atexit.register(shutil.rmtree, path.parent, True)  # gone with the test process, not left in /tmp
-    MlflowClient(f"sqlite:///{path}").search_experiments()
+            made = folder / f"mlflow-{os.getpid()}.db"
+            MlflowClient(f"sqlite:///{made}").search_experiments()
+            made.rename(path)  # whole or not there: a worker never copies a store half migrated
     return path
 
 
 def seed_mlflow_store(path: Path) -> str:
     """A fresh MLflow sqlite store at `path` (unless one is there), copied from one MLflow migrated once
-    per test process; its URI. A store MLflow creates runs every schema migration first: about 2 s of CPU
-    in each of the suite's hundreds of orchestrator runs, on a 2-core CI machine. The copy is the same
-    store, empty but for MLflow's Default experiment. Tests of what happens with no store skip this."""
+    per test run (`_migrate_once`); its URI. A store MLflow creates runs every schema migration first:
+    about 2 s of CPU in each of the suite's hundreds of orchestrator runs, on a 2-core CI machine. The
+    copy is the same store, empty but for MLflow's Default experiment. Tests of what happens with no store
+    skip this."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_migrated_store(), path)

@@ -16,6 +16,7 @@ from orchestrator.config.schema import Hypothesis
 from orchestrator.report.render import dumps, render_markdown
 from orchestrator.study.rehearse import ArmTruth, draw_counts, study_runs
 from tests.conftest import report_json
+from tests.shared_runs import FACTORIAL_RUN
 
 BASE = {"capture": "graph", "index_k": "bf16", "multi_stream": "on", "hicache": "on"}
 CHANGES = {"capture": "eager", "index_k": "fp8", "multi_stream": "off", "hicache": "off"}
@@ -363,24 +364,15 @@ def test_monte_carlo_null_reports_a_conjunction_at_most_alpha(icc, runs):
 
 
 @pytest.mark.slow
-def test_a_factorial_sweep_on_the_embedded_default_reports_the_conjunction(tmp_path):
+@pytest.mark.xdist_group(FACTORIAL_RUN)
+def test_a_factorial_sweep_on_the_embedded_default_reports_the_conjunction(factorial_run):
     """Issue 16's must-show, as the README runs it: a fault model where corruption needs capture=graph AND
     multi_stream=on (experiments/graph_and_multistream.yaml), a 2x2 sweep on the command line, one start
-    per arm (no throughput sweep here: it adds time, not information about the cause). The experiment's
-    two rounds per session: with one, the baseline's ~9% of 200 sessions fell short of "shown corrupting"
-    in about one run in ten (seen in CI: 98.75% lower bound under the ceiling)."""
-    from tests.test_study import finish, no_servers_left, orchestrator
+    per arm (tests/shared_runs.py; test_study.py judges the same multirun)."""
+    from tests.test_study import no_servers_left
 
-    proc = orchestrator(
-        tmp_path,
-        "-m",
-        "+experiment=graph_and_multistream",
-        "factor/multi_stream=on,off",
-        "factor/capture=graph,eager",
-        "bench.enabled=false",
-    )
-    out = finish(proc, 300)
-    assert proc.returncode == 0, out[-5000:]
+    tmp_path, out = factorial_run.root, factorial_run.out
+    assert factorial_run.returncode == 0, out[-5000:]
     study = tmp_path / "reports" / "sweep-capture-multi_stream"
     block = json.loads((study / "report.json").read_text())["minimal_cause"]
     assert block["verdict"] == "minimal cause found", (block["summary"], out[-3000:])

@@ -26,7 +26,8 @@ from orchestrator.report.console import (
 )
 from orchestrator.run.progress import TERMINAL, ArmProgress, ProgressFile, progress_dir, read_progress
 from tests import warm
-from tests.conftest import FAST_SIM, local_cluster_overrides, seed_mlflow_store
+from tests.conftest import local_cluster_overrides, seed_mlflow_store
+from tests.shared_runs import DEFAULT_RUN
 from tests.test_report import TYPED
 
 T0 = 1_000_000.0
@@ -213,17 +214,17 @@ def assert_ends_with_the_verdict(lines: list[str], tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_piped_study_prints_a_few_plain_lines_and_ends_with_the_verdict(tmp_path):
-    # what it checks is the lines printed, not the phases' pace: the sim's clock at FAST_SIM's
-    argv = study_argv(tmp_path, *FAST_SIM)
-    proc = warm.run(argv, cwd=tmp_path, env=quiet_env(), capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+@pytest.mark.xdist_group(DEFAULT_RUN)
+def test_a_piped_study_prints_a_few_plain_lines_and_ends_with_the_verdict(default_run):
+    # the default run, its stdout and stderr one pipe (tests/shared_runs.py; test_dsv4_study.py judges its
+    # study and report): a pipe is what tests read a study through
+    tmp_path, out = default_run.root, default_run.out
+    assert default_run.returncode == 0, out[-4000:]
     assert ANSI not in out
     lines = out.splitlines()
     assert len(lines) <= 30, out
     assert sum(line.startswith("arm ") and ": FINISHED" in line for line in lines) == 6, out
-    assert_ends_with_the_verdict(proc.stdout.splitlines(), tmp_path)
+    assert_ends_with_the_verdict(lines, tmp_path)
     # the logs went to the log files
     logs = (tmp_path / "multirun" / "multirun.log").read_text()
     assert "Launching 6 jobs locally" in logs and "report: " in logs

@@ -10,13 +10,12 @@ verdicts come from the report built from MLflow at the end of the multirun.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from mlflow import MlflowClient
 
-from tests import warm
 from tests.conftest import FAST_SIM
+from tests.shared_runs import DEFAULT_RUN
 from tests.test_study import finish, no_servers_left, orchestrator
 
 # C=64 and long outputs add minutes, not information, to this check; the sweep's shape stays
@@ -116,15 +115,13 @@ def check_minimal_cause(block: dict) -> None:
 
 
 @pytest.mark.slow
-def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_a_report(
-    tmp_path, monkeypatch
-):
-    # started cold, as a user starts it: the one study of the suite that is (tests/warm.py)
-    monkeypatch.setenv(warm.COLD_ENV, "1")
-    proc = orchestrator(tmp_path)  # `python -m orchestrator` with no arguments but test-local ports/paths
-    assert isinstance(proc, subprocess.Popen)
-    out = finish(proc, 600)
-    assert proc.returncode == 0, out[-5000:]
+@pytest.mark.xdist_group(DEFAULT_RUN)
+def test_the_default_run_is_a_small_study_on_the_embedded_default_and_ends_with_a_report(default_run):
+    # `python -m orchestrator` with no arguments but test-local ports and paths, started cold as a user
+    # starts it (tests/shared_runs.py; test_console.py judges what its pipe showed)
+    tmp_path, out = default_run.root, default_run.out
+    assert default_run.cold
+    assert default_run.returncode == 0, out[-5000:]
     report = json.loads((tmp_path / "reports" / "quick" / "report.json").read_text())
     assert verdicts(report) == {"H-multistream": "implicated"}, out[-3000:]
     assert {a["label"] for a in report["arms"]} == {"baseline", "multi_stream=off"}

@@ -18,6 +18,7 @@ import pytest
 
 from tests import warm
 from tests.conftest import orchestrator_argv
+from tests.shared_runs import FACTORIAL_RUN
 
 SMALL = [
     "workload.sessions=12",
@@ -79,10 +80,12 @@ def no_servers_left(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_two_factor_multirun_runs_every_arm_and_reports(tmp_path):
-    proc = orchestrator(tmp_path, "-m", "factor/multi_stream=on,off", "factor/capture=graph,eager", *SMALL)
-    out = finish(proc, 600)
-    assert proc.returncode == 0, out[-5000:]
+@pytest.mark.xdist_group(FACTORIAL_RUN)
+def test_a_two_factor_multirun_runs_every_arm_and_reports(factorial_run):
+    # `-m factor/multi_stream=on,off factor/capture=graph,eager` (tests/shared_runs.py: over the conjunction
+    # fault model, whose minimal cause test_cause.py judges)
+    tmp_path, out = factorial_run.root, factorial_run.out
+    assert factorial_run.returncode == 0, out[-5000:]
     # a command-line sweep outside any study is its own study, named after what it sweeps
     study = "sweep-capture-multi_stream"
     children = [r for r in runs(tmp_path, study) if "mlflow.parentRunId" in r.data.tags]

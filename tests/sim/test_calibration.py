@@ -52,10 +52,14 @@ def rehearsed_arms() -> dict[str, dict]:
     return {a["label"]: a for a in result["design"]["arms"]}
 
 
+# Starts per band, sized to what the check must catch: the sim's mean off the model's by 5 points (the
+# original band's width), at 3.5 SE. The baseline's 30 starts catch that 93% of the time (a 35% relative
+# shift 99%); at HiCache off's ~5.4%, 14 starts catch it 98% of the time (20 did 100%), and no number of
+# starts this side of hundreds catches a relative shift there (a 35% one: 8% at 14 starts, 17% at 20)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("arm", "label", "low", "high", "reps"),
-    [(BASELINE, "baseline", 0.13, 0.18, 30), (Arm(hicache=False), "hicache=off", 0.03, 0.07, 20)],
+    [(BASELINE, "baseline", 0.13, 0.18, 30), (Arm(hicache=False), "hicache=off", 0.03, 0.07, 14)],
     ids=["baseline", "no-hicache"],
 )
 def test_corrupting_arms_land_in_the_original_bands(cluster, tmp_path: Path, arm, label, low, high, reps):
@@ -109,14 +113,18 @@ def test_every_other_arm_never_corrupts(cluster, arm):
 
 
 @pytest.mark.slow
-def test_clean_model_gives_zero_corrupted_in_1000_sessions(cluster, tmp_path: Path):
+def test_clean_model_gives_zero_corrupted_in_500_sessions(cluster, tmp_path: Path):
+    """No false alarm through the whole PD path: prefill, hand-off, decode and the real router's framing
+    of the stream. What could go wrong there goes wrong on every turn (a framing the oracle misreads), so
+    500 sessions x 4 rounds are plenty; the sim's replies themselves, rare shapes included, are judged clean
+    over 1,000 sessions x 4 rounds in tests/workload/test_stress.py."""
     clean = tmp_path / "clean.yaml"
     clean.write_text("version: 1\nname: clean\nrules: []\n")
     c = cluster(time_scale=0.05, fault_model=str(clean))
     c.start_all(BASELINE)  # the configuration the built-in model corrupts most
-    outcomes = asyncio.run(run_sessions(c.router_url, 1000, ROUNDS, seed=7, concurrency=64))
+    outcomes = asyncio.run(run_sessions(c.router_url, 500, ROUNDS, seed=7, concurrency=64))
     assert (count(outcomes, "clean"), count(outcomes, "corrupted"), count(outcomes, "errored")) == (
-        1000,
+        500,
         0,
         0,
     )
