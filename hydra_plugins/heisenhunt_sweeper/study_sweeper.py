@@ -76,6 +76,9 @@ class StudySweeper(BasicSweeper):
         self._round: list[list[str]] = []
         self._launched = -1  # the last round launched
         self._launched_jobs: set[tuple[str, ...]] = set()
+        # each arm's plans (one per pool member), by its overrides: an adaptive design's arm comes back
+        # round after round, composed and planned once (its hosts still check it every round)
+        self._arm_plans: dict[tuple, list] = {}
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.config.adhoc import study_overrides
@@ -222,10 +225,12 @@ class StudySweeper(BasicSweeper):
         for overrides in batch:
             job_name = " ".join(overrides)
             key = arm_overrides(overrides)
-            if key not in arms:
+            if key not in arms and key in self._arm_plans:
+                arms[key] = self._arm_plans[key]
+            elif key not in arms:
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                 try:
-                    arms[key] = [plan_arm(job) for job in jobs_on_pool(load_job(cfg))]
+                    arms[key] = self._arm_plans[key] = [plan_arm(job) for job in jobs_on_pool(load_job(cfg))]
                 except ConfigError as e:
                     arms[key] = e
             found = arms[key]
