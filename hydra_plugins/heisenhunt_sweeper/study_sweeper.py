@@ -76,9 +76,10 @@ class StudySweeper(BasicSweeper):
         self._round: list[list[str]] = []
         self._launched = -1  # the last round launched
         self._launched_jobs: set[tuple[str, ...]] = set()
-        # each arm's plans (one per pool member), by its overrides: an adaptive design's arm comes back
-        # round after round, composed and planned once (its hosts still check it every round)
-        self._arm_plans: dict[tuple, list] = {}
+        # each arm's plans (one per pool member), or the ConfigError refusing it, by its overrides without
+        # `repetition`: an arm is composed and planned once a sweep, however many repetitions and rounds
+        # it comes back in (its hosts still check it every round)
+        self._arm_plans: dict[tuple, object] = {}
 
     def sweep(self, arguments: "list[str]"):
         from orchestrator.config.adhoc import study_overrides
@@ -220,20 +221,18 @@ class StudySweeper(BasicSweeper):
         # with a cluster pool, every arm on every member (an arm may run on any): the hosts check each
         on_members = []
         # repetitions of one arm differ only in `repetition`, which nothing in the arm's plan reads: each
-        # arm is composed and planned once (a dsv4 study: 5 compositions instead of 15)
-        arms: dict[tuple, object] = {}
+        # arm is composed and planned once (a dsv4 study: 5 compositions instead of 15 in its first round,
+        # none in the later ones; a refused arm ends the sweep, so its error is never read again)
         for overrides in batch:
             job_name = " ".join(overrides)
             key = arm_overrides(overrides)
-            if key not in arms and key in self._arm_plans:
-                arms[key] = self._arm_plans[key]
-            elif key not in arms:
+            if key not in self._arm_plans:
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                 try:
-                    arms[key] = self._arm_plans[key] = [plan_arm(job) for job in jobs_on_pool(load_job(cfg))]
+                    self._arm_plans[key] = [plan_arm(job) for job in jobs_on_pool(load_job(cfg))]
                 except ConfigError as e:
-                    arms[key] = e
-            found = arms[key]
+                    self._arm_plans[key] = e
+            found = self._arm_plans[key]
             if isinstance(found, ConfigError):
                 problems += [f"{p}{JOB_SEP}{job_name}" for p in found.problems]
             else:
