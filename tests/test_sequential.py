@@ -291,6 +291,38 @@ def test_an_arm_with_one_start_waits_for_the_icc_then_is_judged_at_its_upper_bou
     assert sequential.icc_upper_bound([[[5, 60]], [[0, 60], [0, 60]]], 0.0, 0.8) is None
 
 
+def test_an_arm_judged_at_an_icc_bound_of_one_gets_the_evidence_of_the_ceiling_not_the_floor():
+    """Runs that vary as much as they can (0/60 and 60/60) put the ICC's upper bound at 1, where the
+    beta-binomial's formula is inf - inf: a one-start arm is judged at ICC_CEILING, just below it, with
+    finite evidence that is weaker than at a lower ICC, never NaN (which the floor turned into -50,
+    "decisively against", before)."""
+    bound = sequential.icc_upper_bound([[[0, 60], [60, 60]], [[30, 60]]], 0.0, 0.8)
+    assert bound == 1.0
+    assert sequential.round_icc(bound) == sequential.ICC_CEILING < 1
+    at_bound = sequential.evidence([[30, 60]], [[0, 60]], bound, 0.03, 0.5)
+    assert at_bound == sequential.evidence([[30, 60]], [[0, 60]], sequential.ICC_CEILING, 0.03, 0.5)
+    lower = sequential.evidence([[30, 60]], [[0, 60]], 0.5, 0.03, 0.5)
+    for claim in sequential.CLAIMS:
+        value = getattr(at_bound, claim)
+        assert sequential.LOG_E_FLOOR < value < math.inf, (claim, value)
+        assert abs(value) <= abs(getattr(lower, claim)), claim
+
+
+def test_a_mixture_weighs_a_baseline_no_treatment_rate_explains_as_zero():
+    """A row of the paired mixture whose every allowed treatment rate has likelihood 0 adds 0 to the
+    mixture and keeps its share of the prior; one finite row is not lost to exp(-inf - -inf)."""
+    pair = np.array([np.log([0.2, 0.4]), [-np.inf, -np.inf], np.log([0.1, 0.3])])
+    allowed, rows = np.ones_like(pair, dtype=bool), np.ones(3, dtype=bool)
+    with np.errstate(all="raise"):
+        mixed = sequential._pair_mix(pair, allowed, rows)
+        assert mixed == pytest.approx(math.log((0.3 + 0 + 0.2) / 3))
+        assert (
+            sequential._pair_mix(np.full((2, 2), -np.inf), np.ones((2, 2), bool), np.ones(2, bool))
+            == -math.inf
+        )
+        assert sequential._mix(np.full(3, -np.inf), np.ones(3, bool)) == -math.inf
+
+
 def test_a_reduction_on_its_way_is_not_stopped_for_futility_because_the_ceiling_cannot_settle():
     """HiCache's 15% -> 5% against a 3% ceiling: the ceiling may never settle, but "partial" is a verdict,
     so a reduction growing at a pace that reaches its threshold within the budget keeps the arm running;

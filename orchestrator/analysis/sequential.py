@@ -83,6 +83,7 @@ from scipy.stats import chi2
 
 from orchestrator.analysis import result
 from orchestrator.analysis.stats import (
+    ICC_CEILING,
     beta_binomial_kernel,
     beta_shape,
     design_effect,
@@ -120,8 +121,10 @@ Runs = Sequence[Sequence[int]]  # [[corrupted, sessions], ...] per run
 
 
 def round_icc(icc: float) -> float:
-    """The ICC the likelihoods use: rounded up to ICC_STEP (more between-run variation: weaker evidence)."""
-    return math.ceil(icc / ICC_STEP - 1e-9) * ICC_STEP if icc > 0 else 0.0
+    """The ICC the likelihoods use: rounded up to ICC_STEP (more between-run variation: weaker evidence),
+    at most ICC_CEILING (an arm with one start is judged at a bound on the study's ICC, which reaches 1
+    when the runs vary as much as they can)."""
+    return min(math.ceil(icc / ICC_STEP - 1e-9) * ICC_STEP, ICC_CEILING) if icc > 0 else 0.0
 
 
 # a grid: its name, or (name, scale, shift) for name * scale + shift
@@ -198,6 +201,8 @@ def _mix(values: np.ndarray, mask: np.ndarray, gone: np.ndarray | None = None) -
         return -math.inf
     with_gone = gone is not None and gone.size > 0
     top = max(float(chosen.max()), float(gone.max()) if with_gone else -math.inf)
+    if top == -math.inf:  # no rate explains the runs (exp(-inf - -inf) would be NaN)
+        return -math.inf
     spread = float(np.exp(chosen - top).sum()) / chosen.size
     if not with_gone:
         return top + math.log(spread)
@@ -214,9 +219,15 @@ def _pair_mix(pair: np.ndarray, allowed: np.ndarray, rows: np.ndarray) -> float:
         return -math.inf
     masked = np.where(allowed, pair, -np.inf)[use]
     top = masked.max(axis=1, keepdims=True)
-    row = top[:, 0] + np.log(np.exp(masked - top).sum(axis=1) / counts[use])
+    # a row no treatment rate explains is 0 in the mixture, not NaN (exp(-inf - -inf))
+    explained = np.isfinite(top[:, 0])
+    if not explained.any():
+        return -math.inf
+    masked, top, counts = masked[explained], top[explained], counts[use][explained]
+    row = top[:, 0] + np.log(np.exp(masked - top).sum(axis=1) / counts)
     high = float(row.max())
-    return high + math.log(float(np.exp(row - high).mean()))
+    # the prior's weight is over every used row, the unexplained ones included
+    return high + math.log(float(np.exp(row - high).sum()) / explained.size)
 
 
 # the reduction's prior over the rate ratio psi = treatment / baseline (`paired_reduction`): weights on

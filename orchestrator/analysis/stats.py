@@ -347,10 +347,16 @@ def _runs_bound(k: int, sizes: tuple[int, ...], icc: float, tail: float, upper: 
     )
 
 
+# the highest ICC any likelihood is evaluated at: at 1 a run's sessions share one fate, the beta-binomial's
+# limit, which its formula cannot evaluate (Beta(0, 0): inf - inf); this close to it a run of n sessions
+# weighs as 1 + (n - 1) 0.999 of them against n
+ICC_CEILING = 0.999
+
+
 def exact_icc(icc: float) -> float:
-    """The ICC the exact runs computations use: within [0, 0.999] (1 would make every run all or
-    nothing), to 4 decimals (more than any estimate supports, and a cache key that repeats)."""
-    return round(max(0.0, min(icc, 0.999)), 4)
+    """The ICC the exact runs computations use: within [0, ICC_CEILING], to 4 decimals (more than any
+    estimate supports, and a cache key that repeats)."""
+    return round(max(0.0, min(icc, ICC_CEILING)), 4)
 
 
 def runs_interval(
