@@ -308,6 +308,13 @@ def test_an_arm_judged_at_an_icc_bound_of_one_gets_the_evidence_of_the_ceiling_n
         assert abs(value) <= abs(getattr(lower, claim)), claim
 
 
+def test_a_log_e_value_that_cannot_be_computed_is_no_evidence_not_the_floor():
+    assert sequential.floored_log_e(-120.0) == sequential.LOG_E_FLOOR
+    assert sequential.floored_log_e(2.5) == 2.5
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        assert sequential.floored_log_e(math.nan) == 0.0
+
+
 def test_a_mixture_weighs_a_baseline_no_treatment_rate_explains_as_zero():
     """A row of the paired mixture whose every allowed treatment rate has likelihood 0 adds 0 to the
     mixture and keeps its share of the prior; one finite row is not lost to exp(-inf - -inf)."""

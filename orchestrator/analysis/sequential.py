@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,18 @@ GONE_WEIGHT = 0.5
 REDUCTION_OUT_OF_REACH = math.log(0.2 / 0.95)
 GRIDS = {"mix": MIX_GRID, "fine": FINE_GRID, "point": np.array([1.0])}  # ("point", p, 0): the rate p
 Runs = Sequence[Sequence[int]]  # [[corrupted, sessions], ...] per run
+
+
+def floored_log_e(value: float) -> float:
+    """A claim's log e-value as traces and reports keep it: floored at LOG_E_FLOOR, where the e-value is
+    nil for any purpose, so traces stay finite numbers. A NaN (a likelihood that could not be evaluated)
+    is no evidence either way, 0, and a warning: flooring it would read as "decisively against"."""
+    if math.isnan(value):
+        warnings.warn(
+            "a log e-value could not be computed (NaN): counted as no evidence", RuntimeWarning, stacklevel=2
+        )
+        return 0.0
+    return max(LOG_E_FLOOR, value)
 
 
 def round_icc(icc: float) -> float:
@@ -265,7 +278,7 @@ def paired_reduction(
         [[w["gone"], w["design"]], np.full(len(RATIO_GRID), w["spread"] / len(RATIO_GRID))]
     )
     top = float(total.max())
-    return max(LOG_E_FLOOR, top + math.log(float(np.sum(weights * np.exp(total - top)))))
+    return floored_log_e(top + math.log(float(np.sum(weights * np.exp(total - top)))))
 
 
 def _design_ratio(relative_margin: float | None) -> float:
@@ -379,10 +392,9 @@ def _evidence(
     above = free if t_hat >= b_hat * hi[0] + hi[1] else _boundary_sup(lb_f, treat_runs, icc, *hi)
     below = free if t_hat <= b_hat * lo[0] + lo[1] else _boundary_sup(lb_f, treat_runs, icc, *lo)
     equivalence = min(near - above, near - below) if margin > 0 else -math.inf
-    # the log e-values as they are (below 0: the data lean the other way), floored where the e-value is
-    # nil for any purpose, so traces stay finite numbers
+    # the log e-values as they are (below 0: the data lean the other way), floored (`floored_log_e`)
     pace = reduction_pace(pairs, icc, margin if relative else None)
-    claims = (max(LOG_E_FLOOR, x) for x in (reduction, increase, equivalence, under, over))
+    claims = (floored_log_e(x) for x in (reduction, increase, equivalence, under, over))
     return Evidence(*claims, reduction_pace=pace)
 
 
